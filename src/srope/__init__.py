@@ -1,0 +1,8 @@
+"""srope: Selective Rotary Position Embedding."""
+
+from srope.modules import NoPE, RoPE, SelectiveRoPE, build_position_encoding
+from srope.ops import rope, selective_rope
+
+__version__ = "0.1.0"
+
+__all__ = ["NoPE", "RoPE", "SelectiveRoPE", "__version__", "build_position_encoding", "rope", "selective_rope"]

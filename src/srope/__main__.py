@@ -1,0 +1,5 @@
+import sys
+
+from srope.cli import main
+
+sys.exit(main())

@@ -1,0 +1,55 @@
+"""The ``srope`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from srope.demo import run_demo
+
+    run_demo(out=args.out, device=args.device, seed=args.seed)
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    import platform
+
+    import torch
+
+    import srope
+    from srope.ops import BACKENDS
+
+    print(f"srope {srope.__version__} | python {platform.python_version()} | torch {torch.__version__}")
+    print(f"cuda available: {torch.cuda.is_available()}" + (f" ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else ""))
+    print(f"rotary backends: {', '.join(BACKENDS)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="srope", description="Selective Rotary Position Embedding: library, experiments and benchmarks.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="show Selective RoPE working, on the CPU by default")
+    demo.add_argument("--out", default="out/demo", help="folder for results.json (default: out/demo)")
+    demo.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run (default: cpu)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    demo.set_defaults(func=_demo)
+
+    info = commands.add_parser("info", help="versions and available backends")
+    info.set_defaults(func=_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

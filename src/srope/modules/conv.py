@@ -1,0 +1,69 @@
+"""Short causal convolution as a module, aware of padding, packing and decoding."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from srope.ops.conv import ACTIVATIONS, causal_conv
+from srope.ops.layout import RowLayout
+
+
+class ShortConvolution(nn.Module):
+    """Depthwise causal convolution of width ``kernel_size`` over ``[B, T, C]``.
+
+    ``forward`` takes the batch's :class:`RowLayout` so that padded tokens are invisible
+    and packed sequences restart, and carries ``state [N, C, W-1]`` (the last ``W-1``
+    inputs of every sequence) for chunked prefill and decoding. The weight layout is
+    ``nn.Conv1d``'s depthwise ``[C, 1, W]``, the current token last.
+    """
+
+    def __init__(self, channels: int, kernel_size: int = 4, activation: str | None = None, bias: bool = False):
+        super().__init__()
+        if kernel_size < 1:
+            raise ValueError(f"kernel_size must be >= 1, got {kernel_size}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+        self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
+        self.bias = nn.Parameter(torch.empty(channels)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # nn.Conv1d's default initialisation (fan-in = kernel_size for a depthwise conv).
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1.0 / math.sqrt(self.kernel_size)
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    @property
+    def state_width(self) -> int:
+        return self.kernel_size - 1
+
+    def forward(
+        self, x: torch.Tensor, layout: RowLayout, state: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = layout.to_rows(x)
+        lengths = None if layout.identity else layout.lengths
+        out, final = causal_conv(rows, self.weight[:, 0], state, lengths, self.bias)
+        act = ACTIVATIONS[self.activation]
+        if act is not None:
+            out = act(out)
+        return layout.from_rows(out), final
+
+    def extra_repr(self) -> str:
+        return f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}"
+
+
+class FirstDifference(ShortConvolution):
+    """The fixed convolution ``x_t - x_{t-1}``: the ``q_t - q_{t-1}`` of the RFF derivation."""
+
+    def __init__(self, channels: int, activation: str | None = None):
+        super().__init__(channels, kernel_size=2, activation=activation)
+        del self.weight
+        self.register_buffer("weight", torch.tensor([-1.0, 1.0]).expand(channels, 1, 2).clone(), persistent=False)
+
+    def reset_parameters(self) -> None:
+        pass

@@ -1,0 +1,70 @@
+"""Standard rotary position embedding with per-row positions."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from srope.modules.base import PositionEncoding
+from srope.ops.reference import rope_inverse_frequencies
+from srope.ops.rotary import rope
+
+
+class RoPEState(NamedTuple):
+    """Tokens seen so far by every sequence, ``[N]`` int64."""
+
+    position: torch.Tensor
+
+
+class RoPE(PositionEncoding):
+    """RoPE: pairs ``(j, j + R)`` rotate by ``position · θ^{-2j/rotary_dim}``.
+
+    Positions count real tokens from 0 in every row (left padding does not shift them)
+    and in every packed sequence; ``state`` carries the count for decoding.
+
+    Args:
+        head_dim: q/k head size D.
+        rotary_dim: channels rotated, even and ``<= head_dim`` (default: all of D).
+        theta: base of the frequencies.
+    """
+
+    def __init__(self, head_dim: int, rotary_dim: int | None = None, theta: float = 10000.0):
+        super().__init__()
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if head_dim < 2 or rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim must be even with 2 <= rotary_dim <= head_dim={head_dim}, got {rotary_dim}")
+        if not theta > 0:
+            raise ValueError(f"theta must be positive, got {theta}")
+        self.head_dim, self.rotary_dim, self.theta = head_dim, rotary_dim, float(theta)
+
+    def inv_freq(self, device=None) -> torch.Tensor:
+        """The ``[rotary_dim / 2]`` float64 frequencies (computed from the config, never cast)."""
+        return rope_inverse_frequencies(self.rotary_dim, self.theta).to(device)
+
+    def forward(self, q, k, x=None, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False):
+        count = self.check_inputs(q, k, x, attention_mask, cu_seqlens)
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(f"q and k must have head_dim {self.head_dim}, got {q.shape[-1]}")
+        batch, length = q.shape[:2]
+        start = torch.zeros(count, dtype=torch.long, device=q.device)
+        if state is not None:
+            self.check_state(state, RoPEState, {"position": (count,)})
+            start = state.position.to(device=q.device, dtype=torch.long)
+        steps = torch.arange(length, device=q.device)
+        if cu_seqlens is not None:
+            seq = torch.searchsorted(cu_seqlens[1:].long(), steps, right=True)
+            positions = (start[seq] + steps - cu_seqlens.long()[seq])[None]
+            seen = cu_seqlens[1:].long() - cu_seqlens[:-1].long()
+        elif attention_mask is not None:
+            real = (attention_mask != 0).long()
+            positions = start[:, None] + real.cumsum(dim=1) - 1
+            seen = real.sum(dim=1)
+        else:
+            positions = start[:, None] + steps[None].expand(batch, length)
+            seen = torch.full((batch,), length, dtype=torch.long, device=q.device)
+        q, k = rope(q, k, positions, self.inv_freq(q.device))
+        return q, k, RoPEState(start + seen) if use_cache else None
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, theta={self.theta}"

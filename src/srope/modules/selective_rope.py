@@ -1,0 +1,213 @@
+"""Selective RoPE: the angle generator and the rotation, as one position-encoding module.
+
+Per step and rotation pair the phase increment is (paper §4.1, the authors' release)
+
+    φ_t = g_t ⊙ (act(conv(W_ω x̂))_t + exp(b)),     x̂ = per-head ℓ2-normalised block input,
+
+and q_t, k_t are rotated by ``Θ ⊙ Σ_{s≤t} φ_s`` with Θ a temperature spectrum. Gate and
+bias are applied identically in training, prefill and decoding.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from srope.modules.base import PositionEncoding
+from srope.modules.conv import FirstDifference, ShortConvolution
+from srope.modules.spectra import SPECTRA, temperature_spectrum
+from srope.ops.layout import RowLayout
+from srope.ops.reference import compute_dtype
+from srope.ops.rotary import selective_rope
+
+PROJECTIONS = ("full-rank", "low-rank")
+GATES = (None, "standard", "low-rank", "per-channel")
+
+
+class SelectiveRoPEState(NamedTuple):
+    """Per-sequence decoding state: the generator's conv inputs and the phase so far."""
+
+    conv: torch.Tensor  # [N, Hk·R, W-1], the last W-1 projected inputs
+    phase: torch.Tensor  # [N, Hk, R] float64, Φ after the last token (before temperature)
+
+
+class SelectiveRoPE(PositionEncoding):
+    """Input-dependent, learned rotary position encoding.
+
+    Args:
+        hidden_size: size of the block input ``x`` the angles come from.
+        num_heads: phase heads Hk, the number of key heads (query heads share them in groups).
+        head_dim: q/k head size D.
+        rotary_dim: channels rotated, ``2R``, even and ``<= head_dim`` (default: all of D).
+        projection: ``"full-rank"`` (per head, ``hidden/Hk -> R``; the paper's LM setting)
+            or ``"low-rank"`` (``hidden -> rank -> Hk·R``; the authors' default).
+        projection_rank: the rank of the low-rank projection (16).
+        weight_norm: full-rank only: each output unit's weight has unit ℓ2 norm times a
+            learned per-head gain (init 1); with the normalised input, every pre-conv
+            increment is a scaled cosine (True).
+        conv_size: width of the causal depthwise conv over the increments (4).
+        skip_conv: replace the learned conv by the first difference ``u_t - u_{t-1}`` (False).
+        conv_activation: ``"silu"`` or None, after the conv or the difference ("silu", the
+            paper's best LM setting; the authors' default is None).
+        gate: phase gate ``sigmoid(...)`` of x̂: ``"standard"`` (one per head, ``hidden -> Hk``),
+            ``"low-rank"`` (``hidden -> gate_rank -> Hk``), ``"per-channel"`` (``hidden ->
+            gate_rank -> Hk·R``; the authors' "gla") or None ("standard").
+        gate_rank: rank of the low-rank and per-channel gates (16).
+        bias: add a learned positive ``exp(b)`` (b init 0, one per head and pair) (False).
+        spectrum: temperatures Θ: ``"rope"``, ``"rfa"`` or ``"uniform"`` (see
+            :mod:`srope.modules.spectra`) ("rope").
+        theta: base of the rope spectrum (500000). epsilon: ε of the rfa spectrum (1e-4).
+        max_temperature: the largest temperature (1.0).
+        learnable_temperature: learn Θ (an ``[Hk, R]`` parameter initialised from the
+            spectrum); fixed spectra are recomputed from the config in float64 and are never
+            quantised by a dtype cast (False).
+        norm_eps: ε of the ℓ2 normalisation ``x / sqrt(Σx² + ε)`` (1e-6).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        head_dim: int,
+        *,
+        rotary_dim: int | None = None,
+        projection: str = "full-rank",
+        projection_rank: int = 16,
+        weight_norm: bool = True,
+        conv_size: int = 4,
+        skip_conv: bool = False,
+        conv_activation: str | None = "silu",
+        gate: str | None = "standard",
+        gate_rank: int = 16,
+        bias: bool = False,
+        spectrum: str = "rope",
+        theta: float = 500000.0,
+        epsilon: float = 1e-4,
+        max_temperature: float = 1.0,
+        learnable_temperature: bool = False,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if num_heads < 1 or hidden_size < 1 or hidden_size % num_heads:
+            raise ValueError(f"hidden_size ({hidden_size}) must be a positive multiple of num_heads ({num_heads})")
+        if head_dim < 2 or rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim must be even with 2 <= rotary_dim <= head_dim={head_dim}, got {rotary_dim}")
+        if projection not in PROJECTIONS:
+            raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}")
+        if gate == "none":
+            gate = None
+        if gate not in GATES:
+            raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+        if spectrum not in SPECTRA:
+            raise ValueError(f"spectrum must be one of {SPECTRA}, got {spectrum!r}")
+        for name, value in (("projection_rank", projection_rank), ("gate_rank", gate_rank), ("conv_size", conv_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
+        self.pairs = rotary_dim // 2
+        self.projection, self.gate_type, self.norm_eps = projection, gate, norm_eps
+        self.spectrum_config = dict(kind=spectrum, theta=theta, epsilon=epsilon, max_value=max_temperature)
+        spectrum_values = temperature_spectrum(spectrum, self.pairs, theta=theta, epsilon=epsilon, max_value=max_temperature)
+
+        channels, chunk = num_heads * self.pairs, hidden_size // num_heads
+        if projection == "full-rank":
+            self.proj_weight = nn.Parameter(torch.empty(num_heads, chunk, self.pairs))
+            self.proj_gain = nn.Parameter(torch.ones(num_heads)) if weight_norm else None
+        else:
+            self.proj = nn.Sequential(nn.Linear(hidden_size, projection_rank, bias=False), nn.Linear(projection_rank, channels, bias=False))
+        self.weight_norm = weight_norm and projection == "full-rank"
+        if skip_conv:
+            self.conv = FirstDifference(channels, activation=conv_activation)
+        else:
+            self.conv = ShortConvolution(channels, conv_size, activation=conv_activation)
+        gate_out = channels if gate == "per-channel" else num_heads
+        if gate == "standard":
+            self.gate = nn.Linear(hidden_size, num_heads)
+        elif gate is not None:
+            self.gate = nn.Sequential(nn.Linear(hidden_size, gate_rank, bias=False), nn.Linear(gate_rank, gate_out))
+        else:
+            self.gate = None
+        self.bias = nn.Parameter(torch.zeros(num_heads, self.pairs)) if bias else None
+        self.learned_temperature = (
+            nn.Parameter(spectrum_values.expand(num_heads, -1).to(torch.float32).clone()) if learnable_temperature else None
+        )
+        self._spectrum = spectrum_values  # plain attribute: no dtype cast ever reaches it
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.projection == "full-rank":
+            for head in range(self.num_heads):  # Kaiming-uniform per head, fan-in = hidden/Hk
+                nn.init.kaiming_uniform_(self.proj_weight[head].T, a=math.sqrt(5))
+            if self.proj_gain is not None:
+                nn.init.ones_(self.proj_gain)
+
+    def temperature(self, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+        """Θ as ``[R]`` (fixed spectrum) or ``[Hk, R]`` (learnable) in ``dtype``."""
+        if self.learned_temperature is not None:
+            return self.learned_temperature.to(dtype)
+        return self._spectrum.to(device=device, dtype=dtype)
+
+    def normalized_input(self, x: torch.Tensor) -> torch.Tensor:
+        """x̂: the block input ℓ2-normalised per head chunk, ``[B, T, Hk, hidden/Hk]``."""
+        chunks = x.unflatten(-1, (self.num_heads, -1)).float()
+        return (chunks * torch.rsqrt(chunks.square().sum(-1, keepdim=True) + self.norm_eps)).to(x.dtype)
+
+    def project(self, x_hat: torch.Tensor) -> torch.Tensor:
+        """The ω projection, ``[B, T, Hk, chunk] -> [B, T, Hk·R]``."""
+        if self.projection == "low-rank":
+            return self.proj(x_hat.flatten(-2))
+        weight = self.proj_weight
+        if self.weight_norm:
+            weight = self.proj_gain[:, None, None] * weight / weight.norm(dim=1, keepdim=True)
+        return torch.einsum("bthi,hir->bthr", x_hat, weight.to(x_hat.dtype)).flatten(-2)
+
+    def phase_increments(
+        self, x: torch.Tensor, layout: RowLayout, conv_state: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """φ ``[B, T, Hk, R]`` from the block input, and the conv's final state."""
+        x_hat = self.normalized_input(x)
+        phi, conv_state = self.conv(self.project(x_hat), layout, conv_state)
+        phi = phi.unflatten(-1, (self.num_heads, self.pairs))
+        if self.bias is not None:
+            phi = phi + torch.exp(self.bias).to(phi.dtype)
+        if self.gate is not None:
+            gate = torch.sigmoid(self.gate(x_hat.flatten(-2)))
+            phi = phi * (gate.unflatten(-1, (self.num_heads, self.pairs)) if self.gate_type == "per-channel" else gate[..., None])
+        return phi, conv_state
+
+    def forward(self, q, k, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False):
+        count = self.check_inputs(q, k, x, attention_mask, cu_seqlens)
+        if x is None:
+            raise ValueError("SelectiveRoPE needs the block input x [B, T, hidden] to compute its angles")
+        if x.shape[-1] != self.hidden_size:
+            raise ValueError(f"x must have hidden size {self.hidden_size}, got {x.shape[-1]}")
+        if k.shape[2] != self.num_heads or q.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"k must be [B, T, {self.num_heads}, {self.head_dim}] for this SelectiveRoPE "
+                f"(num_heads={self.num_heads}, head_dim={self.head_dim}), got {tuple(k.shape)}"
+            )
+        conv_state = offset = None
+        if state is not None:
+            width = (count, self.num_heads * self.pairs, self.conv.state_width)
+            self.check_state(state, SelectiveRoPEState, {"conv": width, "phase": (count, self.num_heads, self.pairs)})
+            conv_state, offset = state
+        layout = RowLayout(*q.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
+        phi, conv_state = self.phase_increments(x, layout, conv_state)
+        if attention_mask is not None:
+            phi = phi * (attention_mask != 0)[..., None, None]
+        temperature = self.temperature(compute_dtype(q.dtype, phi.dtype), q.device)
+        q, k, phase = selective_rope(
+            q, k, phi, temperature, offset=offset, cu_seqlens=cu_seqlens, output_final_phase=use_cache
+        )
+        return q, k, SelectiveRoPEState(conv_state, phase) if use_cache else None
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"pairs={self.pairs}, projection={self.projection}, gate={self.gate_type}, "
+            f"bias={self.bias is not None}, spectrum={self.spectrum_config}"
+        )

@@ -1,0 +1,49 @@
+"""Temperature spectra: the fixed frequency of each rotation pair.
+
+- ``rope``: RoPE's ``max · θ^{-2j/(2R)}``, ``j < R`` (geometric from ``max`` down).
+- ``rfa``: the paper's tan(φ/2) spectrum (Theorem 1, App. A.3.1): ``φ_j = j (1-ε)π / (R-1)``,
+  ``Θ_j = tan(φ_j / 2)``, rescaled so that its largest value is ``max``. Pair 0 has
+  frequency 0 (it never rotates), as in the paper.
+- ``uniform``: every pair at ``max`` (the authors' state-tracking setting, rope with θ = 1).
+
+All are computed in float64 from the configuration, so casting a model to bf16 can never
+quantise a fixed spectrum.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SPECTRA = ("rope", "rfa", "uniform")
+
+
+def temperature_spectrum(
+    kind: str,
+    pairs: int,
+    *,
+    theta: float = 500000.0,
+    epsilon: float = 1e-4,
+    max_value: float = 1.0,
+) -> torch.Tensor:
+    """The ``[pairs]`` float64 spectrum ``kind`` (see the module docstring)."""
+    if pairs < 1:
+        raise ValueError(f"the number of rotation pairs must be >= 1, got {pairs}")
+    if not (math.isfinite(max_value) and max_value > 0):
+        raise ValueError(f"max_value must be a positive number, got {max_value}")
+    if kind == "rope":
+        if not theta >= 1.0:
+            raise ValueError(f"the rope spectrum needs theta >= 1, got {theta}")
+        return max_value * float(theta) ** (-torch.arange(pairs, dtype=torch.float64) / pairs)
+    if kind == "rfa":
+        if not 0.0 < epsilon < 1.0:
+            raise ValueError(f"the rfa spectrum needs 0 < epsilon < 1, got {epsilon}")
+        if pairs == 1:
+            return torch.full((1,), float(max_value), dtype=torch.float64)
+        angles = torch.arange(pairs, dtype=torch.float64) * ((1.0 - epsilon) * math.pi / (pairs - 1))
+        raw = torch.tan(angles / 2)
+        return max_value * raw / raw.max()
+    if kind == "uniform":
+        return torch.full((pairs,), float(max_value), dtype=torch.float64)
+    raise ValueError(f"unknown temperature spectrum {kind!r}; expected one of {SPECTRA}")

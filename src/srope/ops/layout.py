@@ -1,0 +1,71 @@
+"""Views of a batch as rows of real tokens, for ops that mix along time.
+
+A batch arrives dense (``[B, T]``, every token real), padded (``attention_mask [B, T]``,
+left or right padding) or packed (``cu_seqlens``, ``B == 1``). Sequence-mixing ops with
+a carried state, like a short causal convolution, are easiest to get right on one shape:
+each sequence's real tokens first, in order, as rows ``[N, L]`` with their ``lengths``.
+Padded tokens then are truly invisible: they neither enter a window nor the final state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RowLayout:
+    """Maps ``[B, T, ...]`` to rows of real tokens ``[N, L, ...]`` and back.
+
+    ``lengths [N]`` is the number of real tokens of each row. Positions past a row's
+    length hold zeros in :meth:`to_rows`; :meth:`from_rows` writes zeros at padded tokens.
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        length: int,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        self.batch, self.length = batch, length
+        self.mask = self.order = self.index = None
+        if cu_seqlens is not None:
+            starts = cu_seqlens[:-1].long()
+            self.lengths = cu_seqlens[1:].long() - starts
+            width = int(self.lengths.max()) if self.lengths.numel() else 0
+            steps = torch.arange(width, device=cu_seqlens.device)
+            self.valid = steps < self.lengths[:, None]
+            self.index = (starts[:, None] + steps).clamp(max=max(length - 1, 0))
+            self.seq = torch.searchsorted(cu_seqlens[1:].long(), torch.arange(length, device=cu_seqlens.device), right=True)
+            self.step = torch.arange(length, device=cu_seqlens.device) - starts[self.seq]
+        elif attention_mask is not None and not bool(attention_mask.all()):
+            self.mask = attention_mask != 0
+            self.lengths = self.mask.sum(dim=1)
+            # Stable sort puts each row's real tokens first, in their order.
+            self.order = torch.argsort((~self.mask).to(torch.int8), dim=1, stable=True)
+            self.valid = torch.arange(length, device=self.mask.device) < self.lengths[:, None]
+        else:
+            self.lengths = torch.full((batch,), length, dtype=torch.long, device=device)
+
+    @property
+    def identity(self) -> bool:
+        return self.order is None and self.index is None
+
+    def to_rows(self, x: torch.Tensor) -> torch.Tensor:
+        if self.identity:
+            return x
+        if self.index is not None:
+            rows = x[0][self.index]
+        else:
+            rows = x.gather(1, self.order.view(*self.order.shape, *([1] * (x.dim() - 2))).expand_as(x))
+        return rows * self.valid.view(*self.valid.shape, *([1] * (x.dim() - 2)))
+
+    def from_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.identity:
+            return rows
+        if self.index is not None:
+            return rows[self.seq, self.step][None]
+        rows = rows * self.valid.view(*self.valid.shape, *([1] * (rows.dim() - 2)))
+        index = self.order.view(*self.order.shape, *([1] * (rows.dim() - 2))).expand_as(rows)
+        return torch.zeros_like(rows).scatter(1, index, rows)

@@ -1,0 +1,153 @@
+"""Public rotary ops: input validation, backend dispatch, dtype contract.
+
+``selective_rope`` rotates q and k by input-dependent cumulative angles; ``rope`` by
+fixed frequencies times integer positions. Both keep the guide's dtype contract: the
+outputs have the inputs' dtypes, phases and angles are computed in at least float32
+(float64 inputs stay float64), and cumulative phases are accumulated in float64 and
+reduced modulo 2π only as the angle ``temperature · Φ``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from srope.ops import reference
+
+BACKENDS = ("auto", "torch")
+
+
+def _check_tensor(name: str, value, *, rank: int | None = None, floating: bool = True) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if floating and not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+    if rank is not None and value.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dimensions, got shape {tuple(value.shape)}")
+
+
+def _check_device(device: torch.device, **tensors) -> None:
+    for name, value in tensors.items():
+        if value is not None and value.device != device:
+            raise ValueError(f"{name} is on {value.device} but q is on {device}; put all inputs on one device")
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, length: int) -> int:
+    """Validate packed-sequence boundaries; return the number of sequences N."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"cu_seqlens must be a 1-D int32/int64 tensor [N+1] with N >= 1, got dtype "
+            f"{cu_seqlens.dtype} and shape {tuple(cu_seqlens.shape)}"
+        )
+    if batch != 1:
+        raise ValueError(f"packed batches (cu_seqlens) need batch size 1, got {batch}")
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0 or bounds[-1] != length or any(b > a for a, b in zip(bounds[1:], bounds[:-1])):
+        raise ValueError(
+            f"cu_seqlens must be non-decreasing, start at 0 and end at the sequence length {length}; "
+            f"got {bounds if len(bounds) <= 12 else bounds[:6] + ['...'] + bounds[-3:]}"
+        )
+    return len(bounds) - 1
+
+
+def _check_qk(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int, int, int, int]:
+    _check_tensor("q", q, rank=4)
+    _check_tensor("k", k, rank=4)
+    if q.dtype != k.dtype:
+        raise TypeError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
+    _check_device(q.device, k=k)
+    batch, length, heads, head_dim = q.shape
+    if k.shape[0] != batch or k.shape[1] != length or k.shape[3] != head_dim:
+        raise ValueError(f"k must be [B, T, Hk, D] = [{batch}, {length}, Hk, {head_dim}] like q, got {tuple(k.shape)}")
+    key_heads = k.shape[2]
+    if key_heads == 0 or heads % key_heads != 0:
+        raise ValueError(f"the number of query heads ({heads}) must be a multiple of the key heads ({key_heads})")
+    return batch, length, heads, key_heads, head_dim
+
+
+def selective_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    phi: torch.Tensor,
+    temperature: torch.Tensor,
+    *,
+    offset: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    output_final_phase: bool = False,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Rotate q and k by input-dependent cumulative angles (Selective RoPE).
+
+    Args:
+        q: ``[B, T, H, D]`` queries.
+        k: ``[B, T, Hk, D]`` keys, ``H % Hk == 0``; query head ``h`` uses key head
+            ``h // (H // Hk)`` and its phase.
+        phi: ``[B, T, Hk, R]`` per-step phase increments before temperature, ``1 <= R``,
+            ``2R <= D``. Channels ``j`` and ``j + R`` (``j < R``) rotate as a pair;
+            channels ``[2R, D)`` pass through unchanged.
+        temperature: ``[R]`` or ``[Hk, R]`` frequency of each pair.
+        offset: ``[N, Hk, R]`` phase before the first token (a previous call's final phase).
+        cu_seqlens: ``[N+1]`` int32/int64 boundaries of packed sequences (B == 1); the
+            phase restarts at every sequence start.
+        output_final_phase: also return ``Φ`` after the last token of each sequence,
+            ``[N, Hk, R]`` float64, without gradient; pass it back as ``offset`` to continue.
+        backend: ``"auto"`` (the fastest available) or ``"torch"`` (the reference path).
+
+    Returns:
+        ``(q_rot, k_rot, final_phase or None)`` with the dtypes of q and k. The angle of
+        token t is ``temperature · Φ_t`` with ``Φ_t = offset + Σ_{s≤t} phi_s``.
+    """
+    batch, length, _, key_heads, head_dim = _check_qk(q, k)
+    _check_tensor("phi", phi, rank=4)
+    _check_tensor("temperature", temperature)
+    _check_device(q.device, phi=phi, temperature=temperature, offset=offset, cu_seqlens=cu_seqlens)
+    _check_backend(backend)
+    rot = phi.shape[3]
+    if tuple(phi.shape[:3]) != (batch, length, key_heads):
+        raise ValueError(f"phi must be [B, T, Hk, R] = [{batch}, {length}, {key_heads}, R], got {tuple(phi.shape)}")
+    if rot < 1 or 2 * rot > head_dim:
+        raise ValueError(f"phi's last dimension R must satisfy 1 <= R and 2R <= head_dim={head_dim}, got R={rot}")
+    if tuple(temperature.shape) not in ((rot,), (key_heads, rot)):
+        raise ValueError(f"temperature must be [R] = [{rot}] or [Hk, R] = [{key_heads}, {rot}], got {tuple(temperature.shape)}")
+    count = batch if cu_seqlens is None else check_cu_seqlens(cu_seqlens, batch, length)
+    if offset is not None:
+        _check_tensor("offset", offset)
+        if tuple(offset.shape) != (count, key_heads, rot):
+            raise ValueError(f"offset must be [N, Hk, R] = [{count}, {key_heads}, {rot}], got {tuple(offset.shape)}")
+    q_rot, k_rot, final = reference.selective_rope(q, k, phi, temperature, offset, cu_seqlens)
+    return q_rot, k_rot, final.detach() if output_final_phase else None
+
+
+def rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Standard (fixed-frequency) RoPE with per-token positions.
+
+    Args:
+        q: ``[B, T, H, D]``; k: ``[B, T, Hk, D]`` with ``H % Hk == 0``.
+        positions: ``[B, T]`` position of every token (integer or float).
+        inv_freq: ``[R]`` frequencies, ``2R <= D``; pairs ``(j, j + R)`` rotate by
+            ``positions · inv_freq[j]``, channels ``[2R, D)`` pass through.
+        backend: ``"auto"`` or ``"torch"``.
+    """
+    batch, length, _, _, head_dim = _check_qk(q, k)
+    _check_tensor("positions", positions, rank=2, floating=False)
+    _check_tensor("inv_freq", inv_freq, rank=1)
+    _check_device(q.device, positions=positions, inv_freq=inv_freq)
+    _check_backend(backend)
+    if tuple(positions.shape) != (batch, length):
+        raise ValueError(f"positions must be [B, T] = [{batch}, {length}], got {tuple(positions.shape)}")
+    if inv_freq.numel() < 1 or 2 * inv_freq.numel() > head_dim:
+        raise ValueError(f"inv_freq must be [R] with 1 <= R and 2R <= head_dim={head_dim}, got {tuple(inv_freq.shape)}")
+    return reference.rope(q, k, positions, inv_freq)
