@@ -153,7 +153,7 @@ class SelectiveRoPE(PositionEncoding):
 
     def normalized_input(self, x: torch.Tensor) -> torch.Tensor:
         """x̂: the block input ℓ2-normalised per head chunk, ``[B, T, Hk, hidden/Hk]``."""
-        chunks = x.unflatten(-1, (self.num_heads, -1)).float()
+        chunks = x.unflatten(-1, (self.num_heads, -1)).to(compute_dtype(x.dtype))
         return (chunks * torch.rsqrt(chunks.square().sum(-1, keepdim=True) + self.norm_eps)).to(x.dtype)
 
     def project(self, x_hat: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,263 @@
+"""NoPE / RoPE / SelectiveRoPE through their one interface: continuation, packing, padding, dtypes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from srope.modules import RoPE, RoPEState, SelectiveRoPE, SelectiveRoPEState, build_position_encoding, temperature_spectrum
+from tests.helpers import generator, randn, rel_err
+
+HIDDEN, HEADS, KEY_HEADS, HEAD_DIM = 12, 4, 2, 8
+
+CONFIGS = [
+    ("nope", {}),
+    ("rope", {"theta": 100.0}),
+    ("rope", {"rotary_dim": 4}),
+    ("selective_rope", {}),
+    ("selective_rope", {"projection": "low-rank", "projection_rank": 3, "gate": "per-channel", "gate_rank": 3, "bias": True, "spectrum": "rfa"}),
+    ("selective_rope", {"skip_conv": True, "conv_activation": None, "gate": "low-rank", "gate_rank": 2, "bias": True, "spectrum": "uniform"}),
+    ("selective_rope", {"rotary_dim": 4, "learnable_temperature": True, "conv_size": 3, "weight_norm": False, "gate": None}),
+]
+IDS = [f"{kind}-{i}" for i, (kind, _) in enumerate(CONFIGS)]
+
+
+def make_module(kind, options, seed=0, dtype=torch.float64):
+    """A module with trained-like (non-trivial) weights: gates spread over (0, 1), bias ≠ 0, strong conv."""
+    module = build_position_encoding({"type": kind, **options}, hidden_size=HIDDEN, num_heads=KEY_HEADS, head_dim=HEAD_DIM)
+    g = generator(seed)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            scale = 0.3 if "temperature" in name else 1.5
+            param.copy_(randn(*param.shape, seed_gen=g, scale=scale).to(param.dtype))
+    return module.to(dtype)
+
+
+def make_inputs(batch, length, seed, dtype=torch.float64):
+    g = generator(seed)
+    q = randn(batch, length, HEADS, HEAD_DIM, seed_gen=g, dtype=dtype)
+    k = randn(batch, length, KEY_HEADS, HEAD_DIM, seed_gen=g, dtype=dtype)
+    x = randn(batch, length, HIDDEN, seed_gen=g, dtype=dtype)
+    return q, k, x
+
+
+def assert_states_close(a, b, tol=1e-12):
+    if a is None or b is None:
+        assert a is None and b is None
+        return
+    for field_a, field_b in zip(a, b):
+        assert rel_err(field_a, field_b) < tol
+
+
+@pytest.mark.parametrize("kind,options", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("split", [1, 5, 10])
+def test_split_and_continue_equals_one_call(kind, options, split):
+    module = make_module(kind, options)
+    q, k, x = make_inputs(2, 11, seed=1)
+    full_q, full_k, full_state = module(q, k, x, use_cache=True)
+    a_q, a_k, state = module(q[:, :split], k[:, :split], x[:, :split], use_cache=True)
+    b_q, b_k, state = module(q[:, split:], k[:, split:], x[:, split:], state=state, use_cache=True)
+    assert rel_err(torch.cat([a_q, b_q], 1), full_q) < 1e-12
+    assert rel_err(torch.cat([a_k, b_k], 1), full_k) < 1e-12
+    assert_states_close(state, full_state)
+
+
+@pytest.mark.parametrize("kind,options", CONFIGS, ids=IDS)
+def test_token_by_token_decode_equals_prefill(kind, options):
+    module = make_module(kind, options, dtype=torch.float32)
+    q, k, x = make_inputs(3, 9, seed=2, dtype=torch.float32)
+    full_q, full_k, _ = module(q, k, x)
+    outputs, state = [], None
+    for t in range(9):
+        out_q, out_k, state = module(q[:, t : t + 1], k[:, t : t + 1], x[:, t : t + 1], state=state, use_cache=True)
+        outputs.append((out_q, out_k))
+    assert rel_err(torch.cat([o[0] for o in outputs], 1), full_q) < 1e-5
+    assert rel_err(torch.cat([o[1] for o in outputs], 1), full_k) < 1e-5
+
+
+@pytest.mark.parametrize("kind,options", CONFIGS, ids=IDS)
+def test_packed_equals_sequences_one_by_one(kind, options):
+    module = make_module(kind, options)
+    bounds = [0, 3, 3, 8, 14]
+    q, k, x = make_inputs(1, 14, seed=3)
+    # Each packed sequence continues from its own state (a previous chunk of 2 tokens).
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    pq, pk, px = make_inputs(len(lengths), 2, seed=4)
+    _, _, prev = module(pq, pk, px, use_cache=True)
+    cu = torch.tensor(bounds, dtype=torch.int64)
+    out_q, out_k, state = module(q, k, x, cu_seqlens=cu, state=prev, use_cache=True)
+    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        row_prev = None if prev is None else type(prev)(*(f[n : n + 1] for f in prev))
+        if s == e:
+            assert_states_close(None if state is None else type(state)(*(f[n : n + 1] for f in state)), row_prev)
+            continue
+        one_q, one_k, one_state = module(q[:, s:e], k[:, s:e], x[:, s:e], state=row_prev, use_cache=True)
+        assert rel_err(out_q[:, s:e], one_q) < 1e-12 and rel_err(out_k[:, s:e], one_k) < 1e-12
+        assert_states_close(None if state is None else type(state)(*(f[n : n + 1] for f in state)), one_state)
+
+
+@pytest.mark.parametrize("kind,options", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_equals_rows_alone(kind, options, side):
+    """Rows of lengths 9, 5, 2 padded to 9; then 3 decode steps from the padded state."""
+    module = make_module(kind, options)
+    lengths, length = [9, 5, 2], 9
+    q, k, x = make_inputs(3, length + 3, seed=5)
+    mask = torch.zeros(3, length, dtype=torch.long)
+    real = []
+    for row, n in enumerate(lengths):
+        cols = torch.arange(length - n, length) if side == "left" else torch.arange(n)
+        mask[row, cols] = 1
+        real.append(cols)
+    # Garbage at padded positions must not matter.
+    qp, kp, xp = q[:, :length].clone(), k[:, :length].clone(), x[:, :length].clone()
+    for tensor in (qp, kp, xp):
+        tensor[mask == 0] = 1e3
+    out_q, out_k, state = module(qp, kp, xp, attention_mask=mask, use_cache=True)
+    dec_q, _, _ = module(q[:, length:], k[:, length:], x[:, length:], state=state, use_cache=True)
+    for row, cols in enumerate(real):
+        one = slice(row, row + 1)
+        alone_q, alone_k, alone_state = module(qp[one, cols], kp[one, cols], xp[one, cols], use_cache=True)
+        assert rel_err(out_q[one, cols], alone_q) < 1e-12 and rel_err(out_k[one, cols], alone_k) < 1e-12
+        alone_dec, _, _ = module(q[one, length:], k[one, length:], x[one, length:], state=alone_state)
+        assert rel_err(dec_q[one], alone_dec) < 1e-12
+
+
+def test_selective_rope_depends_on_input_and_only_on_relative_phase():
+    module = make_module("selective_rope", {"bias": True})
+    q, k, x = make_inputs(1, 10, seed=6)
+    out_q, out_k, _ = module(q, k, x)
+    scores = torch.einsum("bthd,bshd->bhts", out_q[:, :, ::2], out_k)
+    # A shifted starting phase rotates every token equally: all q·k scores are unchanged.
+    pairs = module.pairs
+    shifted = SelectiveRoPEState(torch.zeros(1, KEY_HEADS * pairs, 3, dtype=torch.float64), torch.full((1, KEY_HEADS, pairs), 7.3, dtype=torch.float64))
+    sq, sk, _ = module(q, k, x, state=shifted)
+    assert rel_err(sq, out_q) > 1e-2  # the absolute rotation did change
+    assert rel_err(torch.einsum("bthd,bshd->bhts", sq[:, :, ::2], sk), scores) < 1e-12
+    # Another block input gives other angles.
+    other_q, _, _ = module(q, k, x.flip(1))
+    assert rel_err(other_q, out_q) > 1e-2
+
+
+def test_rope_module_matches_selective_rope_with_unit_steps():
+    from srope.ops import reference, selective_rope
+
+    q, k, _ = make_inputs(2, 17, seed=7)
+    module = RoPE(HEAD_DIM, theta=500.0)
+    rot_q, rot_k, _ = module(q, k)
+    temperature = reference.rope_inverse_frequencies(HEAD_DIM, 500.0)
+    ones = torch.ones(2, 17, KEY_HEADS, HEAD_DIM // 2, dtype=torch.float64)
+    ref_q, ref_k, _ = selective_rope(q, k, ones, temperature, offset=-torch.ones(2, KEY_HEADS, HEAD_DIM // 2, dtype=torch.float64))
+    assert rel_err(rot_q, ref_q) < 1e-13 and rel_err(rot_k, ref_k) < 1e-13
+
+
+def test_bf16_cast_keeps_float32_spectra():
+    module = SelectiveRoPE(HIDDEN, KEY_HEADS, HEAD_DIM * 8, spectrum="rope", theta=500000.0)
+    exact = temperature_spectrum("rope", HEAD_DIM * 4, theta=500000.0)
+    module = module.to(torch.bfloat16)
+    assert torch.equal(module.temperature(torch.float32), exact.float())
+    assert torch.equal(module.temperature(torch.float64), exact)
+    assert not torch.equal(exact.bfloat16().float(), exact.float())  # a bf16 buffer would have been caught
+    assert all(p.dtype == torch.bfloat16 for p in module.parameters())
+    q = torch.randn(2, 5, KEY_HEADS, HEAD_DIM * 8, dtype=torch.bfloat16)
+    out_q, _, state = module(q, q, torch.randn(2, 5, HIDDEN, dtype=torch.bfloat16), use_cache=True)
+    assert out_q.dtype == torch.bfloat16 and state.phase.dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    "kind,pairs,kwargs,expected",
+    [
+        ("rope", 4, dict(theta=10000.0, max_value=0.5), lambda j: 0.5 * 10000.0 ** (-2 * j / 8)),
+        ("uniform", 3, dict(max_value=2.0), lambda j: 2.0 + 0 * j),
+        ("rfa", 5, dict(epsilon=0.1, max_value=1.0), lambda j: torch.tan(j * 0.9 * math.pi / 4 / 2) / math.tan(0.9 * math.pi / 2)),
+    ],
+)
+def test_spectra_equal_their_formulas(kind, pairs, kwargs, expected):
+    j = torch.arange(pairs, dtype=torch.float64)
+    values = temperature_spectrum(kind, pairs, **kwargs)
+    assert rel_err(values, expected(j)) < 1e-14
+    module = SelectiveRoPE(HIDDEN, KEY_HEADS, 2 * pairs, spectrum=kind, **{"max_temperature" if k == "max_value" else k: v for k, v in kwargs.items()})
+    assert torch.equal(module.temperature(torch.float64), values)
+
+
+def test_gradients_reach_every_parameter_and_input():
+    module = make_module("selective_rope", CONFIGS[4][1] | {"learnable_temperature": True})
+    q, k, x = (t.requires_grad_() for t in make_inputs(2, 6, seed=8))
+    out_q, out_k, _ = module(q, k, x)
+    (out_q.square().sum() + out_k.pow(3).sum()).backward()
+    for name, tensor in [*module.named_parameters(), ("q", q), ("k", k), ("x", x)]:
+        assert tensor.grad is not None and torch.isfinite(tensor.grad).all() and tensor.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("options", [CONFIGS[3][1], CONFIGS[4][1], CONFIGS[5][1] | {"learnable_temperature": True}])
+def test_module_gradcheck_float64(options):
+    module = make_module("selective_rope", options)
+    q, k, x = make_inputs(1, 5, seed=9)
+    names = [name for name, _ in module.named_parameters()]
+    params = [p.detach().clone().requires_grad_() for _, p in module.named_parameters()]
+
+    def fn(q, k, x, *params):
+        return functional_call(module, dict(zip(names, params)), (q, k, x))[:2]
+
+    assert torch.autograd.gradcheck(fn, (q.requires_grad_(), k.requires_grad_(), x.requires_grad_(), *params))
+
+
+BAD_CONFIGS = [
+    ({"type": "alibi"}, "unknown position encoding type"),
+    ({"type": "rope", "base": 10.0}, "bad options for position encoding 'rope'"),
+    ({"type": "rope", "rotary_dim": 3}, "rotary_dim must be even"),
+    ({"type": "rope", "rotary_dim": 16}, "rotary_dim must be even"),
+    ({"type": "selective_rope", "projection": "dense"}, "projection must be one of"),
+    ({"type": "selective_rope", "gate": "sigmoid"}, "gate must be one of"),
+    ({"type": "selective_rope", "spectrum": "linear"}, "spectrum must be one of"),
+    ({"type": "selective_rope", "theta": 0.5}, "theta >= 1"),
+    ({"type": "selective_rope", "spectrum": "rfa", "epsilon": 1.5}, "0 < epsilon < 1"),
+    ({"type": "selective_rope", "conv_size": 0}, "conv_size must be a positive integer"),
+    ({"type": "selective_rope", "conv_activation": "gelu"}, "activation must be one of"),
+    ({"type": "selective_rope", "max_temperature": -1.0}, "max_value must be a positive"),
+    ({"type": "selective_rope", "use_gate": True}, "bad options for position encoding 'selective_rope'"),
+]
+
+
+@pytest.mark.parametrize("spec,match", BAD_CONFIGS, ids=[str(s) for s, _ in BAD_CONFIGS])
+def test_bad_configs_raise(spec, match):
+    with pytest.raises(ValueError, match=match):
+        build_position_encoding(spec, hidden_size=HIDDEN, num_heads=KEY_HEADS, head_dim=HEAD_DIM)
+
+
+def test_hidden_not_divisible_by_heads():
+    with pytest.raises(ValueError, match="multiple of num_heads"):
+        SelectiveRoPE(10, 3, 8)
+
+
+BAD_CALLS = [
+    (dict(x=None), ValueError, "needs the block input x"),
+    (dict(x=torch.zeros(2, 6, 7)), ValueError, "hidden size 12"),
+    (dict(x=torch.zeros(2, 5, 12)), ValueError, "x must be the block input"),
+    (dict(k=torch.zeros(2, 6, 4, 8)), ValueError, r"k must be \[B, T, 2, 8\]"),
+    (dict(attention_mask=torch.ones(2, 5)), ValueError, "attention_mask must be"),
+    (dict(attention_mask=torch.ones(1, 6), cu_seqlens=torch.tensor([0, 6])), ValueError, "either attention_mask or cu_seqlens"),
+    (dict(state=(torch.zeros(2, 8, 3), torch.zeros(2, 2, 4))), TypeError, "state must be a SelectiveRoPEState"),
+    (dict(state=SelectiveRoPEState(torch.zeros(2, 8, 2), torch.zeros(2, 2, 4))), ValueError, "state.conv must have shape"),
+    (dict(state=SelectiveRoPEState(torch.zeros(2, 8, 3), torch.zeros(3, 2, 4))), ValueError, "state.phase must have shape"),
+    (dict(q=torch.zeros(2, 6, 32)), ValueError, "q must be a"),
+]
+
+
+@pytest.mark.parametrize("overrides,error,match", BAD_CALLS, ids=[m for _, _, m in BAD_CALLS])
+def test_bad_calls_raise(overrides, error, match):
+    module = SelectiveRoPE(HIDDEN, KEY_HEADS, HEAD_DIM)
+    args = dict(q=torch.zeros(2, 6, HEADS, HEAD_DIM), k=torch.zeros(2, 6, KEY_HEADS, HEAD_DIM), x=torch.zeros(2, 6, HIDDEN))
+    args |= overrides
+    with pytest.raises(error, match=match):
+        module(args.pop("q"), args.pop("k"), args.pop("x"), **args)
+
+
+def test_rope_state_checked():
+    module = RoPE(HEAD_DIM)
+    q = torch.zeros(2, 3, HEADS, HEAD_DIM)
+    with pytest.raises(ValueError, match="state.position must have shape"):
+        module(q, q, state=RoPEState(torch.zeros(3, dtype=torch.long)))
