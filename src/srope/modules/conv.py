@@ -38,6 +38,10 @@ class ShortConvolution(nn.Module):
             bound = 1.0 / math.sqrt(self.kernel_size)
             nn.init.uniform_(self.bias, -bound, bound)
 
+    def kernel(self) -> torch.Tensor:
+        """The ``[C, W]`` taps, the current token last."""
+        return self.weight[:, 0]
+
     @property
     def state_width(self) -> int:
         return self.kernel_size - 1
@@ -47,7 +51,7 @@ class ShortConvolution(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         rows = layout.to_rows(x)
         lengths = None if layout.identity else layout.lengths
-        out, final = causal_conv(rows, self.weight[:, 0], state, lengths, self.bias)
+        out, final = causal_conv(rows, self.kernel(), state, lengths, self.bias)
         act = ACTIVATIONS[self.activation]
         if act is not None:
             out = act(out)
@@ -58,12 +62,18 @@ class ShortConvolution(nn.Module):
 
 
 class FirstDifference(ShortConvolution):
-    """The fixed convolution ``x_t - x_{t-1}``: the ``q_t - q_{t-1}`` of the RFF derivation."""
+    """The fixed convolution ``x_t - x_{t-1}``: the ``q_t - q_{t-1}`` of the RFF derivation.
+
+    It has no parameters; its weight is made at call time, so no dtype cast or meta-device
+    initialisation can touch it.
+    """
 
     def __init__(self, channels: int, activation: str | None = None):
         super().__init__(channels, kernel_size=2, activation=activation)
         del self.weight
-        self.register_buffer("weight", torch.tensor([-1.0, 1.0]).expand(channels, 1, 2).clone(), persistent=False)
+
+    def kernel(self) -> torch.Tensor:
+        return torch.tensor([-1.0, 1.0]).expand(self.channels, 2)
 
     def reset_parameters(self) -> None:
         pass

@@ -38,6 +38,10 @@ class RoPE(PositionEncoding):
             raise ValueError(f"theta must be positive, got {theta}")
         self.head_dim, self.rotary_dim, self.theta = head_dim, rotary_dim, float(theta)
 
+    @property
+    def pairs(self) -> int:
+        return self.rotary_dim // 2
+
     def inv_freq(self, device=None) -> torch.Tensor:
         """The ``[rotary_dim / 2]`` float64 frequencies (computed from the config, never cast)."""
         return rope_inverse_frequencies(self.rotary_dim, self.theta).to(device)

@@ -110,8 +110,10 @@ class SelectiveRoPE(PositionEncoding):
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
         self.pairs = rotary_dim // 2
         self.projection, self.gate_type, self.norm_eps = projection, gate, norm_eps
-        self.spectrum_config = dict(kind=spectrum, theta=theta, epsilon=epsilon, max_value=max_temperature)
-        spectrum_values = temperature_spectrum(spectrum, self.pairs, theta=theta, epsilon=epsilon, max_value=max_temperature)
+        self.spectrum_kind = spectrum
+        self.spectrum_args = dict(theta=theta, epsilon=epsilon, max_value=max_temperature)
+        self._temperatures: dict = {}
+        temperature_spectrum(spectrum, self.pairs, theta=theta, epsilon=epsilon, max_value=max_temperature)  # validates
 
         channels, chunk = num_heads * self.pairs, hidden_size // num_heads
         if projection == "full-rank":
@@ -132,24 +134,40 @@ class SelectiveRoPE(PositionEncoding):
         else:
             self.gate = None
         self.bias = nn.Parameter(torch.zeros(num_heads, self.pairs)) if bias else None
-        self.learned_temperature = (
-            nn.Parameter(spectrum_values.expand(num_heads, -1).to(torch.float32).clone()) if learnable_temperature else None
-        )
-        self._spectrum = spectrum_values  # plain attribute: no dtype cast ever reaches it
+        self.learned_temperature = nn.Parameter(torch.empty(num_heads, self.pairs)) if learnable_temperature else None
         self.reset_parameters()
 
+    @torch.no_grad()
     def reset_parameters(self) -> None:
+        """(Re)initialise every parameter: PyTorch's defaults for the linear maps and the conv,
+        Kaiming-uniform per head (fan-in hidden/Hk) for the full-rank projection, gain 1,
+        bias 0, a learnable temperature at its spectrum."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
         if self.projection == "full-rank":
-            for head in range(self.num_heads):  # Kaiming-uniform per head, fan-in = hidden/Hk
+            for head in range(self.num_heads):
                 nn.init.kaiming_uniform_(self.proj_weight[head].T, a=math.sqrt(5))
             if self.proj_gain is not None:
                 nn.init.ones_(self.proj_gain)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+        if self.learned_temperature is not None:
+            self.learned_temperature.copy_(self.spectrum().expand(self.num_heads, -1))
+
+    def spectrum(self) -> torch.Tensor:
+        """The configured fixed spectrum, ``[R]`` float64, computed from the config on every call
+        (no buffer: a dtype cast or a meta-device construction can never reach it)."""
+        return temperature_spectrum(self.spectrum_kind, self.pairs, **self.spectrum_args)
 
     def temperature(self, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
         """Θ as ``[R]`` (fixed spectrum) or ``[Hk, R]`` (learnable) in ``dtype``."""
         if self.learned_temperature is not None:
             return self.learned_temperature.to(dtype)
-        return self._spectrum.to(device=device, dtype=dtype)
+        key = (torch.device(device) if device is not None else torch.device("cpu"), dtype)
+        if key not in self._temperatures:  # a plain dict: .to()/.half() never reach it
+            self._temperatures[key] = self.spectrum().to(device=key[0], dtype=dtype)
+        return self._temperatures[key]
 
     def normalized_input(self, x: torch.Tensor) -> torch.Tensor:
         """x̂: the block input ℓ2-normalised per head chunk, ``[B, T, Hk, hidden/Hk]``."""
@@ -209,5 +227,5 @@ class SelectiveRoPE(PositionEncoding):
         return (
             f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
             f"pairs={self.pairs}, projection={self.projection}, gate={self.gate_type}, "
-            f"bias={self.bias is not None}, spectrum={self.spectrum_config}"
+            f"bias={self.bias is not None}, spectrum={self.spectrum_kind} {self.spectrum_args}"
         )

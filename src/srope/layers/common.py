@@ -1,0 +1,106 @@
+"""Pieces every host layer shares: the carried state, short convs on q/k/v, the gated norm."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from srope.modules import PositionEncoding, ShortConvolution, build_position_encoding
+from srope.ops.layout import RowLayout
+
+
+@dataclass
+class LayerState:
+    """What a layer carries between calls, per sequence (batch dimension first everywhere).
+
+    ``conv``: the q/k/v short-conv states; ``position``: the position encoding's state;
+    ``recurrent``: a linear mixer's ``[N, H, K, V]`` state; ``keys``/``values``/``key_mask``/
+    ``log_forget``: an attention layer's cache of rotated keys, values, which cached
+    positions are real tokens, and the per-position log forget gates (FoX).
+    """
+
+    conv: tuple[torch.Tensor, ...] | None = None
+    position: Any = None
+    recurrent: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    key_mask: torch.Tensor | None = None
+    log_forget: torch.Tensor | None = None
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "LayerState":
+        """Apply ``fn`` to every tensor (e.g. ``lambda t: t.index_select(0, beam_idx)``)."""
+
+        def apply(value):
+            if isinstance(value, torch.Tensor):
+                return fn(value)
+            if isinstance(value, tuple):
+                return type(value)(*(apply(v) for v in value)) if hasattr(value, "_fields") else tuple(apply(v) for v in value)
+            return value
+
+        return replace(self, **{f.name: apply(getattr(self, f.name)) for f in fields(self)})
+
+
+def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Repeat ``[B, T, Hk, ...]`` to ``heads`` heads in contiguous groups (GQA)."""
+    return x if x.shape[2] == heads else x.repeat_interleave(heads // x.shape[2], dim=2)
+
+
+class QKVConvolutions(nn.Module):
+    """Optional short causal convs (with SiLU) on the q, k and v projections, as in fla's hosts."""
+
+    def __init__(self, widths: tuple[int, int, int], kernel_size: int):
+        super().__init__()
+        self.convs = nn.ModuleList(ShortConvolution(width, kernel_size, activation="silu") for width in widths)
+
+    def forward(self, tensors, layout: RowLayout, states=None):
+        outputs, new_states = [], []
+        for i, (conv, x) in enumerate(zip(self.convs, tensors)):
+            y, state = conv(x, layout, None if states is None else states[i])
+            outputs.append(y)
+            new_states.append(state)
+        return outputs, tuple(new_states)
+
+
+class GatedRMSNorm(nn.Module):
+    """``rmsnorm(o) · weight · swish(g)`` over the last dimension (fla's FusedRMSNormGated)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.norm = nn.RMSNorm(dim, eps=eps)
+
+    def forward(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        out = self.norm(o)
+        return out if gate is None else out * nn.functional.silu(gate)
+
+
+class MixerLayer(nn.Module):
+    """Base of the host layers: owns the position encoding and the layout of the batch.
+
+    Subclasses implement ``forward(x, *, attention_mask=None, cu_seqlens=None, state=None,
+    use_cache=False) -> (out, state)`` with ``x [B, T, hidden]`` the normalised block input
+    and ``attention_mask [B, T]`` marking the real tokens of this call.
+    """
+
+    def __init__(self, hidden_size: int, position: Any, *, key_heads: int, head_dim: int):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.position: PositionEncoding = build_position_encoding(
+            position, hidden_size=hidden_size, num_heads=key_heads, head_dim=head_dim
+        )
+
+    def check_input(self, x: torch.Tensor, attention_mask, cu_seqlens, state) -> None:
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{type(self).__name__} expects hidden states [B, T, {self.hidden_size}], got {shape}")
+        if state is not None and not isinstance(state, LayerState):
+            raise TypeError(f"state must be a LayerState returned with use_cache=True, got {type(state).__name__}")
+
+    @staticmethod
+    def real_tokens(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """``[B, T, 1]`` float mask of real tokens, or None when every token is real."""
+        if attention_mask is None:
+            return None
+        return (attention_mask != 0).to(x.dtype)[..., None]

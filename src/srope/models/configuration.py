@@ -1,0 +1,170 @@
+"""``SRopeConfig``: one Hugging Face config for every host × position encoding."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from transformers import PretrainedConfig
+
+from srope.modules import POSITION_TYPES, NoPE, RoPE, SelectiveRoPE
+
+MIXERS = ("gla", "gated_deltanet", "forgetting_attn", "attention")
+_POSITION_CLASSES = {"nope": NoPE, "rope": RoPE, "selective_rope": SelectiveRoPE}
+_SIZE_ARGS = {"self", "hidden_size", "num_heads", "head_dim"}
+
+# Per-mixer defaults of the options whose natural value depends on the host (fla's layers).
+_MIXER_DEFAULTS = {
+    "gla": {"use_short_conv": False, "use_output_gate": True},
+    "gated_deltanet": {"use_short_conv": True, "use_output_gate": True},
+    "forgetting_attn": {"use_short_conv": False, "use_output_gate": False},
+    "attention": {"use_short_conv": False, "use_output_gate": False},
+}
+
+
+def _hf_config_keys() -> set[str]:
+    """Keys transformers itself writes into or accepts in a config."""
+    keys = set(inspect.signature(PretrainedConfig.__init__).parameters) | set(PretrainedConfig().to_dict())
+    return keys | {"name_or_path", "torch_dtype", "dtype", "auto_map", "_name_or_path", "_attn_implementation", "_commit_hash", "output_attentions", "use_return_dict", "model_type", "transformers_version", "architectures", "kwargs", "self"}
+
+
+def check_position(position: Any) -> dict[str, Any]:
+    """Normalise a position config to a dict and check its type and keys."""
+    spec = {"type": "nope"} if position is None else {"type": position} if isinstance(position, str) else dict(position)
+    kind = spec.get("type")
+    if kind not in POSITION_TYPES:
+        raise ValueError(f"position['type'] must be one of {POSITION_TYPES}, got {kind!r}")
+    allowed = set(inspect.signature(_POSITION_CLASSES[kind].__init__).parameters) - _SIZE_ARGS
+    unknown = sorted(set(spec) - allowed - {"type"})
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for position type {kind!r}; allowed: {sorted(allowed)}")
+    return spec
+
+
+class SRopeConfig(PretrainedConfig):
+    """Configuration of an srope causal LM.
+
+    Args:
+        mixer: ``"gla"``, ``"gated_deltanet"``, ``"forgetting_attn"`` or ``"attention"``.
+        position: ``{"type": "nope" | "rope" | "selective_rope", ...options}`` (the options of
+            :class:`srope.RoPE` / :class:`srope.SelectiveRoPE`), or just the type name.
+        hidden_size, num_hidden_layers, num_heads, num_kv_heads (GQA for gla/attention),
+        vocab_size, tie_word_embeddings.
+        expand_k, expand_v: GLA key/value widths (fractions of hidden); expand_v also sets
+            the GDN value head (head_dim · expand_v).
+        head_dim: q/k head size of gated_deltanet / attention (default hidden/num_heads).
+        use_short_conv, conv_size: SiLU short convs on q/k/v (default per mixer: GDN on).
+        use_output_gate: gated output norm (default per mixer: GLA/GDN on, attention off).
+        gate_logit_normalizer, gate_low_rank_dim, tie_decay_pairs: GLA's decay.
+        use_forget_gate, allow_neg_eigval: GDN (no forget gate = DeltaNet; β ∈ (0, 2)).
+        qkv_bias, qk_norm: attention options.
+        hidden_ratio, intermediate_size: SwiGLU MLP size (fla's rule when None).
+        norm_eps, initializer_range, max_position_embeddings (informational).
+    Unknown keyword arguments are an error.
+    """
+
+    model_type = "srope"
+
+    def __init__(
+        self,
+        mixer: str = "gla",
+        position: Any = None,
+        vocab_size: int = 32000,
+        hidden_size: int = 1024,
+        num_hidden_layers: int = 24,
+        num_heads: int = 4,
+        num_kv_heads: int | None = None,
+        expand_k: float = 0.5,
+        expand_v: float = 1.0,
+        head_dim: int | None = None,
+        use_short_conv: bool | None = None,
+        conv_size: int = 4,
+        use_output_gate: bool | None = None,
+        gate_logit_normalizer: float = 16.0,
+        gate_low_rank_dim: int = 16,
+        tie_decay_pairs: bool = False,
+        use_forget_gate: bool = True,
+        allow_neg_eigval: bool = False,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        hidden_ratio: float = 4.0,
+        intermediate_size: int | None = None,
+        norm_eps: float = 1e-6,
+        initializer_range: float = 0.02,
+        max_position_embeddings: int = 4096,
+        tie_word_embeddings: bool = False,
+        use_cache: bool = True,
+        pad_token_id: int | None = None,
+        bos_token_id: int | None = 1,
+        eos_token_id: int | None = 2,
+        **kwargs,
+    ):
+        unknown = sorted(set(kwargs) - _hf_config_keys())
+        if unknown:
+            raise ValueError(f"unknown SRopeConfig option(s): {unknown}")
+        if mixer not in MIXERS:
+            raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}")
+        self.mixer = mixer
+        self.position = check_position(position)
+        self.vocab_size, self.hidden_size, self.num_hidden_layers = vocab_size, hidden_size, num_hidden_layers
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.expand_k, self.expand_v, self.head_dim = expand_k, expand_v, head_dim
+        defaults = _MIXER_DEFAULTS[mixer]
+        self.use_short_conv = defaults["use_short_conv"] if use_short_conv is None else use_short_conv
+        self.use_output_gate = defaults["use_output_gate"] if use_output_gate is None else use_output_gate
+        self.conv_size = conv_size
+        self.gate_logit_normalizer, self.gate_low_rank_dim = gate_logit_normalizer, gate_low_rank_dim
+        self.tie_decay_pairs = tie_decay_pairs
+        self.use_forget_gate, self.allow_neg_eigval = use_forget_gate, allow_neg_eigval
+        self.qkv_bias, self.qk_norm = qkv_bias, qk_norm
+        self.hidden_ratio, self.intermediate_size = hidden_ratio, intermediate_size
+        self.norm_eps, self.initializer_range = norm_eps, initializer_range
+        self.max_position_embeddings, self.use_cache = max_position_embeddings, use_cache
+        super().__init__(
+            pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings, **kwargs,
+        )
+        self.tie_word_embeddings = tie_word_embeddings
+        self.validate_sizes()
+
+    def key_geometry(self) -> tuple[int, int, int]:
+        """(query heads, key heads, q/k head size) of this config's mixer."""
+        heads = self.num_heads
+        kv_heads = heads if self.num_kv_heads is None or self.mixer == "gated_deltanet" else self.num_kv_heads
+        if self.mixer == "gla":
+            key_dim = int(self.hidden_size * self.expand_k)
+            if key_dim % heads:
+                raise ValueError(f"hidden_size·expand_k = {key_dim} must be divisible by num_heads = {heads}")
+            return heads, kv_heads, key_dim // heads
+        if self.head_dim is not None:
+            return heads, kv_heads, self.head_dim
+        if self.hidden_size % heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({heads}), or set head_dim")
+        return heads, kv_heads, self.hidden_size // heads
+
+    def validate_sizes(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "conv_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        heads, kv_heads, head_dim = self.key_geometry()
+        if kv_heads < 1 or heads % kv_heads:
+            raise ValueError(f"num_heads ({heads}) must be a multiple of num_kv_heads ({kv_heads})")
+        if self.mixer == "gla" and int(self.hidden_size * self.expand_v) % heads:
+            raise ValueError(f"hidden_size·expand_v = {int(self.hidden_size * self.expand_v)} must be divisible by num_heads = {heads}")
+        rotary = self.position.get("rotary_dim", head_dim)
+        if self.position["type"] != "nope" and (rotary % 2 or rotary < 2 or rotary > head_dim):
+            raise ValueError(
+                f"rotation needs an even rotary dimension 2 <= rotary_dim <= head_dim; this config has head_dim "
+                f"{head_dim} and rotary_dim {rotary} (mixer {self.mixer!r})"
+            )
+        if self.position["type"] == "selective_rope" and self.hidden_size % kv_heads:
+            raise ValueError(f"selective_rope needs hidden_size ({self.hidden_size}) divisible by the key heads ({kv_heads})")
+
+    def mlp_size(self) -> int:
+        """SwiGLU inner size: ``intermediate_size``, else fla's ``hidden·ratio·2/3`` rounded up
+        (to a multiple of 256, or of 8 for hidden sizes below 512)."""
+        if self.intermediate_size is not None:
+            return self.intermediate_size
+        size, multiple = int(self.hidden_size * self.hidden_ratio * 2 / 3), 256 if self.hidden_size >= 512 else 8
+        return multiple * -(-size // multiple)

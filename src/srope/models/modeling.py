@@ -1,0 +1,280 @@
+"""``SRopeForCausalLM``: token ids → embedding → blocks (norm → mixer → norm → SwiGLU) → head.
+
+Generation carries an :class:`SRopeCache`: per layer the mixer's recurrent state or KV
+cache, its short-conv states and the position encoding's state. It works with
+``model.generate`` (we build the cache ourselves, so transformers' own cache classes are
+never involved) and with a plain loop of cached forward calls.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLinearAttention, LayerState
+from srope.models.configuration import SRopeConfig
+from srope.modules import PositionEncoding, ShortConvolution
+from srope.ops.rotary import check_cu_seqlens
+
+
+def build_mixer(config: SRopeConfig) -> nn.Module:
+    """The host layer of ``config.mixer`` with ``config.position``."""
+    common = dict(hidden_size=config.hidden_size, num_heads=config.num_heads, position=config.position)
+    if config.mixer == "gla":
+        return GatedLinearAttention(
+            **common, num_kv_heads=config.num_kv_heads, expand_k=config.expand_k, expand_v=config.expand_v,
+            use_short_conv=config.use_short_conv, conv_size=config.conv_size, use_output_gate=config.use_output_gate,
+            gate_logit_normalizer=config.gate_logit_normalizer, gate_low_rank_dim=config.gate_low_rank_dim,
+            norm_eps=config.norm_eps, tie_decay_pairs=config.tie_decay_pairs,
+        )
+    if config.mixer == "gated_deltanet":
+        return GatedDeltaNet(
+            **common, head_dim=config.key_geometry()[2], expand_v=config.expand_v, use_short_conv=config.use_short_conv,
+            conv_size=config.conv_size, use_output_gate=config.use_output_gate, use_forget_gate=config.use_forget_gate,
+            allow_neg_eigval=config.allow_neg_eigval, norm_eps=config.norm_eps,
+        )
+    cls = ForgettingAttention if config.mixer == "forgetting_attn" else Attention
+    return cls(
+        **common, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim, qkv_bias=config.qkv_bias,
+        qk_norm=config.qk_norm, use_output_gate=config.use_output_gate, norm_eps=config.norm_eps,
+    )
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden_size: int, inner_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, inner_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, inner_size, bias=False)
+        self.down_proj = nn.Linear(inner_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SRopeBlock(nn.Module):
+    def __init__(self, config: SRopeConfig):
+        super().__init__()
+        self.mixer_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mixer = build_mixer(config)
+        self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.mlp_size())
+
+    def forward(self, h, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False):
+        out, state = self.mixer(self.mixer_norm(h), attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
+        h = h + out
+        return h + self.mlp(self.mlp_norm(h)), state
+
+
+class SRopeCache:
+    """Per-layer :class:`LayerState` s plus the number of tokens seen (prompt padding included)."""
+
+    def __init__(self, num_layers: int):
+        self.layers: list[LayerState | None] = [None] * num_layers
+        self.seen_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def get_seq_length(self, layer_idx: int | None = 0) -> int:
+        return self.seen_tokens
+
+    def _map(self, fn) -> None:
+        self.layers = [None if state is None else state.map(fn) for state in self.layers]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map(lambda t: t[indices.to(t.device)])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+
+# transformers renamed the cache field of its outputs from `past_key_values` to `cache` (5.2x).
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def _output(cls, cache, **fields):
+    return cls(**fields, **{CACHE_FIELD: cache})
+
+
+class SRopePreTrainedModel(PreTrainedModel):
+    config_class = SRopeConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["SRopeBlock"]
+    supports_gradient_checkpointing = False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """fla's scheme for the host (N(0, initializer_range) linear maps and embeddings, zero
+        biases, unit norms); position encodings, short convs and GDN's decay parameters keep
+        their own initialisation (``reset_parameters`` / ``reset_decay``)."""
+        if isinstance(module, (PositionEncoding, ShortConvolution)):
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+            return
+        if getattr(module, "_srope_self_initialised", False):
+            return
+        if isinstance(module, GatedDeltaNet):
+            module.reset_decay()
+        elif isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=self.config.initializer_range)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=self.config.initializer_range)
+        elif isinstance(module, nn.RMSNorm) and module.weight is not None:
+            nn.init.ones_(module.weight)
+
+    def mark_self_initialised(self) -> None:
+        """Tell ``_init_weights`` to leave the insides of position encodings alone."""
+        for module in self.modules():
+            if isinstance(module, PositionEncoding):
+                for inner in module.modules():
+                    if inner is not module:
+                        inner._srope_self_initialised = True
+
+
+class SRopeModel(SRopePreTrainedModel):
+    def __init__(self, config: SRopeConfig):
+        super().__init__(config)
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.layers = nn.ModuleList(SRopeBlock(config) for _ in range(config.num_hidden_layers))
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mark_self_initialised()
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache: SRopeCache | None = None,
+        past_key_values: SRopeCache | None = None,
+        use_cache: bool | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids [B, T] and inputs_embeds [B, T, hidden]")
+        h = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        if h.dim() != 3:
+            raise ValueError(f"input_ids must be [B, T] (inputs_embeds [B, T, hidden]), got {tuple(h.shape[:-1])}")
+        batch, length = h.shape[:2]
+        cache = cache if cache is not None else past_key_values
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if cache is not None and not isinstance(cache, SRopeCache):
+            raise TypeError(f"cache must be an SRopeCache (returned by a previous call), got {type(cache).__name__}")
+        if use_cache and cache is None:
+            cache = SRopeCache(len(self.layers))
+        if cu_seqlens is not None:
+            check_cu_seqlens(cu_seqlens, batch, length)
+            if attention_mask is not None:
+                raise ValueError("pass either attention_mask or cu_seqlens, not both")
+        mask = self._current_mask(attention_mask, batch, length, cache)
+        for i, layer in enumerate(self.layers):
+            state = None if cache is None else cache.layers[i]
+            h, state = layer(h, attention_mask=mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
+            if use_cache:
+                cache.layers[i] = state
+        if use_cache:
+            cache.seen_tokens += length
+        return _output(BaseModelOutputWithPast, cache if use_cache else None, last_hidden_state=self.norm(h))
+
+    @staticmethod
+    def _current_mask(attention_mask, batch, length, cache):
+        """The ``[B, T]`` mask of this call's tokens (generate passes the whole history), or None."""
+        if attention_mask is None:
+            return None
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
+            raise ValueError(f"attention_mask must be [B, T] or [B, past + T] with B = {batch}, T = {length}; got {tuple(attention_mask.shape)}")
+        past = 0 if cache is None else cache.seen_tokens
+        if attention_mask.shape[1] not in (length, past + length):
+            raise ValueError(f"attention_mask has {attention_mask.shape[1]} columns; expected {length} or past + T = {past + length}")
+        mask = attention_mask[:, -length:]
+        return None if bool(mask.all()) else mask
+
+
+class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
+
+    def __init__(self, config: SRopeConfig):
+        super().__init__(config)
+        self.model = SRopeModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # we bring our own cache (SRopeCache)
+
+    def get_input_embeddings(self):
+        return self.model.embeddings
+
+    def set_input_embeddings(self, value):
+        self.model.embeddings = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache: SRopeCache | None = None,
+        past_key_values: SRopeCache | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Labels are shifted inside (pass ``labels=input_ids``); -100 is ignored, and with
+        ``cu_seqlens`` no token predicts the first token of the next document."""
+        out = self.model(
+            input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, cache=cache,
+            past_key_values=past_key_values, use_cache=use_cache, cu_seqlens=cu_seqlens,
+        )
+        hidden = out.last_hidden_state
+        logits = self.lm_head(hidden if not logits_to_keep else hidden[:, -logits_to_keep:])
+        loss = None
+        if labels is not None:
+            loss = causal_lm_loss(logits, labels, cu_seqlens)
+        return _output(CausalLMOutputWithPast, getattr(out, CACHE_FIELD), loss=loss, logits=logits)
+
+    def prepare_inputs_for_generation(self, input_ids, cache=None, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs):
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and cache.seen_tokens > 0:
+            input_ids = input_ids[:, cache.seen_tokens :]
+        elif inputs_embeds is not None:
+            return {"inputs_embeds": inputs_embeds, "attention_mask": attention_mask, "use_cache": use_cache, "cache": cache}
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": use_cache, "cache": cache}
+        if kwargs.get("logits_to_keep") is not None:
+            inputs["logits_to_keep"] = kwargs["logits_to_keep"]
+        return inputs
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean next-token cross-entropy (float32), targets ``labels[:, 1:]``; -100 ignored; with
+    ``cu_seqlens`` the target at every document start is ignored too."""
+    if labels.shape != logits.shape[:2]:
+        raise ValueError(f"labels must be [B, T] = {tuple(logits.shape[:2])}, got {tuple(labels.shape)}")
+    targets = labels[:, 1:].clone()
+    if cu_seqlens is not None:
+        starts = cu_seqlens[1:-1].long()
+        targets[0, (starts - 1)[(starts > 0) & (starts < labels.shape[1])]] = -100
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
