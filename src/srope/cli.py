@@ -27,6 +27,26 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models(args: argparse.Namespace) -> int:
+    import torch
+
+    from srope.models import PRESETS, SRopeForCausalLM, preset_config
+
+    print(f"{'preset':<18} {'nope':>10} {'rope':>10} {'srope':>10}  context  batch     lr  description")
+    for name, preset in PRESETS.items():
+        counts = []
+        for position in ("nope", "rope", "selective_rope"):
+            with torch.device("meta"):
+                model = SRopeForCausalLM(preset_config(name, position=position))
+            counts.append(sum(p.numel() for p in model.parameters()))
+        t = preset.training
+        print(
+            f"{name:<18} " + " ".join(f"{c / 1e6:>9.1f}M" for c in counts)
+            + f"  {t.context_length:>7} {t.global_batch_size:>6} {t.learning_rate:>6.0e}  {preset.description}"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="srope", description="Selective Rotary Position Embedding: library, experiments and benchmarks.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -36,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run (default: cpu)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     demo.set_defaults(func=_demo)
+
+    models = commands.add_parser("models", help="the model presets with their parameter counts per position encoding")
+    models.set_defaults(func=_models)
 
     info = commands.add_parser("info", help="versions and available backends")
     info.set_defaults(func=_info)
