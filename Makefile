@@ -10,7 +10,7 @@ STAMP := $(VENV)/.srope-installed
 $(STAMP): pyproject.toml requirements-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements-cpu.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q -r requirements-cpu.txt -e '.[dev,lm]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = commands.add_parser("info", help="versions and available backends")
     info.set_defaults(func=_info)
+
+    from srope.train.data import add_data_commands
+
+    add_data_commands(commands)
     return parser
 
 

