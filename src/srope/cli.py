@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -47,6 +48,26 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from srope.train.trainer import TrainConfig, apply_overrides, train
+
+    config = TrainConfig(preset=args.preset, position=args.position, data=args.data, max_steps=args.max_steps, cache=args.cache)
+    config = apply_overrides(config, args.set or [])
+    metrics = train(config, args.out, resume=args.resume, stop_after=args.stop_after)
+    if metrics:
+        print(json.dumps(metrics))
+    return 0
+
+
+def _theory(args: argparse.Namespace) -> int:
+    import pathlib
+
+    from srope.theory import COMMANDS
+
+    COMMANDS[args.name](pathlib.Path(args.out), seed=args.seed)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="srope", description="Selective Rotary Position Embedding: library, experiments and benchmarks.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -59,6 +80,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="the model presets with their parameter counts per position encoding")
     models.set_defaults(func=_models)
+
+    train = commands.add_parser("train", help="pre-train a language model (also under torchrun --nproc-per-node K -m srope train)")
+    train.add_argument("--preset", required=True, help="model preset (see `srope models`)")
+    train.add_argument("--position", default="selective_rope", help="nope | rope | selective_rope (options via --set position.KEY=VALUE)")
+    train.add_argument("--data", default="shakespeare", help="shakespeare | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a prepared token store")
+    train.add_argument("--cache", default=None, help="data cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
+    train.add_argument("--max-steps", type=int, required=True, help="optimiser steps of the whole run (fixes the schedule)")
+    train.add_argument("--out", required=True, help="run folder: checkpoints, metrics.jsonl, tensorboard, model/")
+    train.add_argument("--stop-after", type=int, default=None, help="end the process after this step, as a kill would")
+    train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    train.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a TrainConfig field, model.FIELD or position.OPTION (repeatable)")
+    train.set_defaults(func=_train)
+
+    theory = commands.add_parser("theory", help="the paper's theory, checked: RFF view of softmax, Theorem 1 / temperature spectra, spectral leakage")
+    theory.add_argument("name", choices=["rff", "temperature", "leakage"], help="which study to run")
+    theory.add_argument("--out", default="results/theory", help="folder for <name>.json and <name>.png (default: results/theory)")
+    theory.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    theory.set_defaults(func=_theory)
 
     info = commands.add_parser("info", help="versions and available backends")
     info.set_defaults(func=_info)
