@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -54,7 +55,7 @@ def _train(args: argparse.Namespace) -> int:
     config = TrainConfig(preset=args.preset, position=args.position, data=args.data, max_steps=args.max_steps, cache=args.cache)
     config = apply_overrides(config, args.set or [])
     metrics = train(config, args.out, resume=args.resume, stop_after=args.stop_after)
-    if metrics:
+    if metrics and os.environ.get("RANK", "0") == "0":
         print(json.dumps(metrics))
     return 0
 
@@ -66,6 +67,20 @@ def _theory(args: argparse.Namespace) -> int:
 
     COMMANDS[args.name](pathlib.Path(args.out), seed=args.seed)
     return 0
+
+
+def srope_model_factory(request):
+    """The synthetic runner's model: an ``SRopeForCausalLM`` of the requested mixer and position."""
+    from srope.models import SRopeConfig, SRopeForCausalLM
+
+    config = SRopeConfig(vocab_size=request.vocab_size, mixer=request.mixer, position=request.position, bos_token_id=None, eos_token_id=None, **request.model)
+    return SRopeForCausalLM(config)
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from srope.tasks.cli import run_synth_command
+
+    return run_synth_command(args, srope_model_factory)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     theory.add_argument("--out", default="results/theory", help="folder for <name>.json and <name>.png (default: results/theory)")
     theory.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     theory.set_defaults(func=_theory)
+
+    from srope.tasks.cli import add_synth_arguments
+
+    synth = commands.add_parser("synth", help="the paper's synthetic tasks: mqar, mad, copying, state_tracking (or 'report DIR...')")
+    add_synth_arguments(synth)
+    synth.set_defaults(func=_synth)
 
     info = commands.add_parser("info", help="versions and available backends")
     info.set_defaults(func=_info)

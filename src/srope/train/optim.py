@@ -1,0 +1,57 @@
+"""AdamW parameter groups and the paper's learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def no_decay(name: str, param: nn.Parameter) -> bool:
+    """Parameters excluded from weight decay.
+
+    - every tensor with fewer than 2 dimensions: norm weights, biases, GDN's ``A_log`` and
+      ``dt_bias``, the weight-norm gains of the Selective RoPE projection (``proj_gain``);
+    - the Selective RoPE phase bias (``position.bias``) and a learnable temperature
+      (``learned_temperature``), whatever their shape;
+    - anything tagged ``_no_weight_decay``.
+    Matrices (projections, embeddings, the LM head, the per-head projection weights and
+    conv taps) are decayed.
+    """
+    return (
+        param.dim() < 2
+        or getattr(param, "_no_weight_decay", False)
+        or name.endswith("position.bias")
+        or name.endswith("learned_temperature")
+        or name.endswith("proj_gain")
+    )
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: decayed matrices and the ``no_decay`` parameters (with their names)."""
+    decay, keep = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (keep if no_decay(name, param) else decay).append((name, param))
+    return [
+        {"params": [p for _, p in decay], "names": [n for n, _ in decay], "weight_decay": weight_decay},
+        {"params": [p for _, p in keep], "names": [n for n, _ in keep], "weight_decay": 0.0},
+    ]
+
+
+def warmup_cosine(step: int, *, total: int, peak: float, start: float = 1e-5, end: float = 1e-4, warmup: float = 0.1) -> float:
+    """The paper's schedule: linear warm-up from ``start`` to ``peak`` over the first
+    ``warmup`` fraction of ``total`` steps, then cosine decay to ``end`` at the last step.
+    ``step`` counts from 0 (the learning rate of the first update)."""
+    warmup_steps = max(1, round(warmup * total))
+    if step < warmup_steps:
+        return start + (peak - start) * step / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total - 1 - warmup_steps))
+    return end + (peak - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float = 0.1, betas=(0.9, 0.95), eps: float = 1e-8) -> torch.optim.AdamW:
+    groups = parameter_groups(model, weight_decay)
+    fused = all(p.is_cuda for group in groups for p in group["params"]) and torch.cuda.is_available()
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)

@@ -1,0 +1,143 @@
+"""The pre-training loop on the CPU: loss falls, exact resume, DDP/FSDP2 equal one process,
+packed documents, the NaN guard, optimiser groups and the schedule."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+import srope  # noqa: F401
+from srope.models import SRopeForCausalLM, preset_config
+from srope.train.data import prepare_corpus
+from srope.train.optim import parameter_groups, warmup_cosine
+from srope.train.trainer import TrainConfig, apply_overrides, token_loss_sum, train
+from tests.train.conftest import make_text
+
+SMALL = dict(preset="gla-tiny", seq_len=32, global_batch_size=4, checkpoint_every=2, eval_rows=8, tensorboard=False, model={"hidden_size": 32, "num_heads": 2})
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, tokenizer_dir) -> str:
+    """60 generated documents of 40-400 words; about a fifth held out."""
+    rng = random.Random(99)
+    folder = tmp_path_factory.mktemp("train_corpus")
+    for i in range(60):
+        (folder / f"doc{i:02d}.txt").write_text(make_text(rng, rng.randint(40, 400)), encoding="utf-8")
+    path = prepare_corpus(folder, tokenizer=str(tokenizer_dir), cache=tmp_path_factory.mktemp("cache"), val_fraction=0.2)
+    return str(path)
+
+
+def losses(out: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+
+def test_loss_falls_and_the_run_is_complete(store, tmp_path):
+    config = TrainConfig(data=store, max_steps=16, lr=3e-3, **SMALL)
+    final = train(config, tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 17))
+    assert {"step", "loss", "lr", "grad_norm", "tokens_per_s"} <= set(records[0])
+    first, last = sum(r["loss"] for r in records[:3]) / 3, sum(r["loss"] for r in records[-3:]) / 3
+    assert last < first - 0.5, (first, last)
+    assert math.isclose(final["val_ppl"], math.exp(final["val_loss"]))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    assert isinstance(model, SRopeForCausalLM) and (tmp_path / "model" / "tokenizer.json").exists()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000014", "step_00000016"]
+
+
+def test_stop_and_resume_equals_one_uninterrupted_run(store, tmp_path):
+    config = TrainConfig(data=store, max_steps=7, lr=3e-3, **SMALL)
+    train(config, tmp_path / "whole")
+    train(config, tmp_path / "split", stop_after=5)  # the last checkpoint is step 4: step 5 is redone
+    assert not (tmp_path / "split" / "model").exists()
+    with pytest.raises(FileExistsError):
+        train(config, tmp_path / "split")
+    train(config, tmp_path / "split", resume=True)
+    assert losses(tmp_path / "split") == losses(tmp_path / "whole")  # bitwise
+    whole, split = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("whole", "split"))
+    assert whole.keys() == split.keys() and all(torch.equal(whole[k], split[k]) for k in whole)
+
+
+def _torchrun(args: list[str], nproc: int, cwd: Path) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "srope", "train", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_processes_equal_one(store, tmp_path, parallel):
+    common = ["--preset", "gla-tiny", "--data", store, "--max-steps", "4", "--set", "seq_len=32", "--set", "global_batch_size=4",
+              "--set", "lr=0.003", "--set", "tensorboard=false", "--set", "eval_rows=8", "--set", 'model={"hidden_size": 32, "num_heads": 2}',
+              "--set", "micro_batch_size=1", "--set", f"parallel={parallel}"]  # fmt: skip
+    _torchrun(common + ["--out", str(tmp_path / "one")], 1, tmp_path)
+    _torchrun(common + ["--out", str(tmp_path / "two")], 2, tmp_path)
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert [s for s, _ in one] == [s for s, _ in two] == [1, 2, 3, 4]
+    for (_, a), (_, b) in zip(one, two):
+        assert abs(a - b) <= 1e-5 * abs(a), (one, two)
+    w1, w2 = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two"))
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4
+
+
+def test_documents_packing_loss_is_per_document(store):
+    from srope.train.data import PackedBatches, load_corpus
+
+    corpus = load_corpus(store)
+    loader = PackedBatches(corpus.train, 96, 2, packing="documents")
+    batch = next(b for b in loader if len(b.packed()[2]) > 4)  # a batch with document boundaries inside its rows
+    input_ids, labels, cu_seqlens = batch.packed()
+    torch.manual_seed(0)
+    model = SRopeForCausalLM(preset_config("gla-tiny", position="selective_rope", vocab_size=corpus.vocab_size, hidden_size=32, num_heads=2)).eval()
+    total = token_loss_sum(model, batch, torch.device("cpu"), torch.autocast("cpu", enabled=False))
+    separate = 0.0
+    for s, e in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
+        logits = model(input_ids[:, s:e], use_cache=False).logits[0]
+        separate += torch.nn.functional.cross_entropy(logits, labels[0, s:e], ignore_index=-100, reduction="sum")
+    assert abs(total.item() - separate.item()) < 1e-4 * abs(separate.item())
+
+
+def test_nan_guard_stops_with_the_step(store, tmp_path):
+    config = TrainConfig(data=store, max_steps=6, lr=1e12, warmup=0.0, lr_start=1e12, grad_clip=1e30, **SMALL)
+    with pytest.raises(FloatingPointError, match=r"non-finite (loss|grad_norm) .* at step \d"):
+        train(config, tmp_path)
+
+
+def test_weight_decay_groups():
+    config = preset_config("gdn-tiny", position={"type": "selective_rope", "bias": True, "learnable_temperature": True}, hidden_size=32, num_heads=2)
+    model = SRopeForCausalLM(config)
+    decay, keep = (set(group["names"]) for group in parameter_groups(model, 0.1))
+    assert not decay & keep and decay | keep == {n for n, _ in model.named_parameters()}
+    for name in keep:
+        assert any(part in name for part in ("norm", "bias", "A_log", "dt_bias", "proj_gain", "learned_temperature")), name
+    assert "model.layers.0.mixer.position.bias" in keep and "model.layers.0.mixer.position.proj_gain" in keep
+    assert "model.layers.0.mixer.position.learned_temperature" in keep and "model.layers.0.mixer.A_log" in keep
+    assert "model.layers.0.mixer.q_proj.weight" in decay and "model.embeddings.weight" in decay
+
+
+def test_schedule_is_the_papers():
+    peak, total = 1e-3, 100
+    assert warmup_cosine(0, total=total, peak=peak) == pytest.approx(1e-5)
+    assert warmup_cosine(10, total=total, peak=peak) == pytest.approx(peak)
+    assert warmup_cosine(99, total=total, peak=peak) == pytest.approx(1e-4)
+    values = [warmup_cosine(s, total=total, peak=peak) for s in range(total)]
+    assert all(a <= b for a, b in zip(values[:10], values[1:11])) and all(a >= b for a, b in zip(values[10:], values[11:]))
+
+
+def test_overrides_are_checked():
+    config = apply_overrides(TrainConfig(), ["lr=0.002", "model.hidden_size=48", "position.gate=null", "packing=documents"])
+    assert config.lr == 0.002 and config.model == {"hidden_size": 48} and config.position == {"type": "selective_rope", "gate": None}
+    with pytest.raises(ValueError, match="unknown setting 'learning_rate'"):
+        apply_overrides(TrainConfig(), ["learning_rate=1"])
+    with pytest.raises(ValueError, match="unknown preset"):
+        TrainConfig(preset="gpt5").resolved()
