@@ -1,0 +1,65 @@
+"""Shared by the benchmark scripts: the environment record, median timing, JSON output."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "src") not in sys.path:
+    sys.path.insert(0, str(ROOT / "src"))
+
+HBM_BYTES_PER_S = 4.25e12  # the H200's measured device-to-device copy rate (GUIDE §5)
+
+
+def version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict:
+    """GPU and library versions, recorded with every result."""
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": version("triton"),
+        "fla": version("fla-core"),
+        "transformers": version("transformers"),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["capability"] = list(torch.cuda.get_device_capability())
+    return info
+
+
+def median_ms(fn, *, dry_run: bool = False, warmup: int = 1, grad_to_none=None) -> float:
+    """Median milliseconds of ``fn()``: ``triton.testing.do_bench`` on CUDA (after a warm-up
+    call that also triggers autotuning), a wall clock over a few calls on the CPU."""
+    for _ in range(warmup):
+        fn()
+    if dry_run or not torch.cuda.is_available():
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return sorted(times)[1]
+    import triton.testing
+
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench(fn, grad_to_none=grad_to_none, return_mode="median"))
+
+
+def write_json(path: str | Path, payload: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str))
