@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import io
 import random
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from srope.train import corpus as corpus_mod
+from srope.train import tokenizer as tokenizer_mod
 from srope.train.tokenizer import sentencepiece_to_hf
 
 WORDS = (
@@ -79,3 +83,17 @@ def corpus_dir(tmp_path_factory, texts) -> Path:
     return folder
 
 
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fail the test on any attempt to open a socket, run pip, or reach the hub."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args[:2]}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(corpus_mod, "pip_download", refuse)
+    monkeypatch.setattr(tokenizer_mod, "pip_download", refuse)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -12,8 +12,6 @@ import io
 import json
 import random
 import shutil
-import socket
-import subprocess
 import tarfile
 import zipfile
 from pathlib import Path
@@ -39,22 +37,6 @@ from srope.train.data import (
     prepare_corpus,
 )
 from srope.train.tokenizer import encode, sentencepiece_to_hf
-
-@pytest.fixture
-def no_network(monkeypatch):
-    """Fail the test on any attempt to open a socket, run pip, or reach the hub."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"network access attempted: {args[:2]}")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(subprocess, "run", refuse)
-    monkeypatch.setattr(corpus_mod, "pip_download", refuse)
-    monkeypatch.setattr(tokenizer_mod, "pip_download", refuse)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-
 
 def random_store(seed: int, docs: int = 23, max_len: int = 60) -> TokenStore:
     g = torch.Generator().manual_seed(seed)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import socket
-import subprocess
 
 import numpy as np
 import pytest
@@ -18,22 +16,9 @@ import pytest
 from srope.train import corpus as corpus_mod
 from srope.train.corpus import SHAKESPEARE_VALIDATION
 from srope.train.data import PackedBatches, load_corpus
-from srope.train import tokenizer as tokenizer_mod
 from srope.train.tokenizer import PROBES, encode, load_tokenizer, tokenizer_fingerprint
 
 pytestmark = pytest.mark.network
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"network access attempted: {args[:2]}")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(subprocess, "run", refuse)
-    monkeypatch.setattr(corpus_mod, "pip_download", refuse)
-    monkeypatch.setattr(tokenizer_mod, "pip_download", refuse)
 
 
 @pytest.fixture(scope="module")

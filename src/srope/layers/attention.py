@@ -66,10 +66,7 @@ class Attention(MixerLayer):
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, position_state = self.position(
-            q, k, x, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
-            state=None if state is None else state.position, use_cache=use_cache,
-        )
+        q, k, position_state = self.rotate(q, k, x, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
         log_forget = None
         if self.f_proj is not None:
             log_forget = F.logsigmoid(self.f_proj(x).to(compute_dtype(x.dtype)))

@@ -98,6 +98,25 @@ class MixerLayer(nn.Module):
         if state is not None and not isinstance(state, LayerState):
             raise TypeError(f"state must be a LayerState returned with use_cache=True, got {type(state).__name__}")
 
+    def project_qkv(self, x, layout: RowLayout, state, heads: tuple[int, int, int], dims: tuple[int, int, int], activation=None):
+        """q, k, v projections, then the short convs when the layer has them (else
+        ``activation``), as ``[B, T, heads, dim]``; also returns the convs' new state."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        conv_state = None
+        if getattr(self, "convs", None) is not None:
+            (q, k, v), conv_state = self.convs((q, k, v), layout, None if state is None else state.conv)
+        elif activation is not None:
+            q, k, v = activation(q), activation(k), activation(v)
+        q, k, v = (t.unflatten(-1, (h, d)) for t, h, d in zip((q, k, v), heads, dims))
+        return q, k, v, conv_state
+
+    def rotate(self, q, k, x, *, attention_mask, cu_seqlens, state, use_cache):
+        """The one call into the position encoding: rotate q and k, angles from ``x``."""
+        return self.position(
+            q, k, x, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
+            state=None if state is None else state.position, use_cache=use_cache,
+        )
+
     @staticmethod
     def real_tokens(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
         """``[B, T, 1]`` float mask of real tokens, or None when every token is real."""

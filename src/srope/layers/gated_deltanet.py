@@ -81,19 +81,10 @@ class GatedDeltaNet(MixerLayer):
         self.check_input(x, attention_mask, cu_seqlens, state)
         batch, length, _ = x.shape
         layout = RowLayout(batch, length, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        conv_state = None
-        if self.convs is not None:
-            (q, k, v), conv_state = self.convs((q, k, v), layout, None if state is None else state.conv)
-        else:
-            q, k, v = F.silu(q), F.silu(k), F.silu(v)
-        q = q.unflatten(-1, (self.num_heads, self.head_k_dim))
-        k = k.unflatten(-1, (self.num_heads, self.head_k_dim))
-        v = v.unflatten(-1, (self.num_heads, self.head_v_dim))
-        q, k, position_state = self.position(
-            q, k, x, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
-            state=None if state is None else state.position, use_cache=use_cache,
+        q, k, v, conv_state = self.project_qkv(
+            x, layout, state, (self.num_heads,) * 3, (self.head_k_dim, self.head_k_dim, self.head_v_dim), activation=F.silu
         )
+        q, k, position_state = self.rotate(q, k, x, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
         beta = torch.sigmoid(self.b_proj(x).to(compute_dtype(x.dtype)))
         if self.allow_neg_eigval:
             beta = 2 * beta

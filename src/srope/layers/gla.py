@@ -88,17 +88,10 @@ class GatedLinearAttention(MixerLayer):
         self.check_input(x, attention_mask, cu_seqlens, state)
         batch, length, _ = x.shape
         layout = RowLayout(batch, length, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        conv_state = None
-        if self.convs is not None:
-            (q, k, v), conv_state = self.convs((q, k, v), layout, None if state is None else state.conv)
-        q = q.unflatten(-1, (self.num_heads, self.head_k_dim))
-        k = k.unflatten(-1, (self.num_kv_heads, self.head_k_dim))
-        v = v.unflatten(-1, (self.num_kv_heads, self.head_v_dim))
-        q, k, position_state = self.position(
-            q, k, x, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
-            state=None if state is None else state.position, use_cache=use_cache,
+        q, k, v, conv_state = self.project_qkv(
+            x, layout, state, (self.num_heads, self.num_kv_heads, self.num_kv_heads), (self.head_k_dim, self.head_k_dim, self.head_v_dim)
         )
+        q, k, position_state = self.rotate(q, k, x, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
         g = self.log_decay(x)
         real = self.real_tokens(x, attention_mask)
         if real is not None:  # padded tokens neither write to nor decay the state
