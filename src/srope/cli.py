@@ -83,6 +83,19 @@ def _synth(args: argparse.Namespace) -> int:
     return run_synth_command(args, srope_model_factory)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import pathlib
+    import runpy
+
+    script = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / f"bench_{args.level}.py"
+    if not script.exists():
+        raise SystemExit(f"srope bench needs a source checkout: {script} is missing (benchmarks/ is not part of the installed package)")
+    sys.argv = [str(script), *args.args]
+    sys.path.insert(0, str(script.parent))
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="srope", description="Selective Rotary Position Embedding: library, experiments and benchmarks.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -119,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     synth = commands.add_parser("synth", help="the paper's synthetic tasks: mqar, mad, copying, state_tracking (or 'report DIR...')")
     add_synth_arguments(synth)
     synth.set_defaults(func=_synth)
+
+    bench = commands.add_parser("bench", help="GPU benchmarks: op (the rotation), layer (host x PE), model (tokens/s, decode)")
+    bench.add_argument("level", choices=["op", "layer", "model"])
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to benchmarks/bench_LEVEL.py (e.g. --out FILE, --dry-run)")
+    bench.set_defaults(func=_bench)
 
     info = commands.add_parser("info", help="versions and available backends")
     info.set_defaults(func=_info)
