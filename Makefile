@@ -17,4 +17,5 @@ demo: $(STAMP)
 	$(BIN)/srope demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 -q
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest tests/triton -q

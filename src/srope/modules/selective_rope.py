@@ -197,6 +197,21 @@ class SelectiveRoPE(PositionEncoding):
             phi = phi * (gate.unflatten(-1, (self.num_heads, self.pairs)) if self.gate_type == "per-channel" else gate[..., None])
         return phi, conv_state
 
+    def decode_step(self, q, k, x, state: SelectiveRoPEState):
+        """One token per sequence (q/k ``[N,1,..]``, x ``[N,1,hidden]``) through the fused
+        Triton step: conv window, activation, bias, gate, phase, rotation in one launch."""
+        from srope.ops.triton import selective_rope_decode_step
+
+        x_hat = self.normalized_input(x)
+        u = self.project(x_hat)
+        gate = None if self.gate is None else torch.sigmoid(self.gate(x_hat.flatten(-2)))
+        temperature = self.temperature(compute_dtype(q.dtype, u.dtype), q.device)
+        q, k, conv, phase = selective_rope_decode_step(
+            q, k, u, state.conv, self.conv.kernel().to(u.device), state.phase, temperature,
+            conv_bias=self.conv.bias, activation=self.conv.activation, bias=self.bias, gate=gate,
+        )
+        return q, k, SelectiveRoPEState(conv, phase)
+
     def forward(self, q, k, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False):
         count = self.check_inputs(q, k, x, attention_mask, cu_seqlens)
         if x is None:
@@ -213,6 +228,9 @@ class SelectiveRoPE(PositionEncoding):
             width = (count, self.num_heads * self.pairs, self.conv.state_width)
             self.check_state(state, SelectiveRoPEState, {"conv": width, "phase": (count, self.num_heads, self.pairs)})
             conv_state, offset = state
+            if q.shape[1] == 1 and q.is_cuda and cu_seqlens is None and attention_mask is None and not torch.is_grad_enabled():
+                q, k, new_state = self.decode_step(q, k, x, state)
+                return q, k, new_state if use_cache else None
         layout = RowLayout(*q.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
         phi, conv_state = self.phase_increments(x, layout, conv_state)
         if attention_mask is not None:

@@ -9,11 +9,43 @@ reduced modulo 2π only as the angle ``temperature · Φ``.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from srope.ops import reference
 
-BACKENDS = ("auto", "torch")
+BACKENDS = ("auto", "torch", "triton")
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _triton_ops():
+    """The Triton kernels' module, or None when triton cannot be imported (imported on first
+    use, so that TRITON_INTERPRET set before then is honoured; later calls hit sys.modules)."""
+    try:
+        from srope.ops.triton import ops
+    except ImportError:
+        return None
+    return ops
+
+
+def _use_triton(backend: str, q: torch.Tensor) -> bool:
+    """Whether ``backend`` runs the Triton kernels for inputs on ``q``'s device and dtype.
+
+    ``"auto"`` takes them for CUDA tensors when triton imports; ``"triton"`` forces them
+    and also accepts CPU tensors under ``TRITON_INTERPRET=1`` (Triton's interpreter).
+    """
+    if backend == "torch":
+        return False
+    if backend == "auto":
+        return q.device.type == "cuda" and q.dtype in TRITON_DTYPES and _triton_ops() is not None
+    if _triton_ops() is None:
+        raise ValueError("backend='triton' needs the triton package, which cannot be imported here")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 to interpret the kernels; got {q.device}")
+    if q.dtype not in TRITON_DTYPES:
+        raise TypeError(f"backend='triton' supports q/k dtypes {TRITON_DTYPES}, got {q.dtype}")
+    return True
 
 
 def _check_tensor(name: str, value, *, rank: int | None = None, floating: bool = True) -> None:
@@ -97,7 +129,9 @@ def selective_rope(
             phase restarts at every sequence start.
         output_final_phase: also return ``Φ`` after the last token of each sequence,
             ``[N, Hk, R]`` float64, without gradient; pass it back as ``offset`` to continue.
-        backend: ``"auto"`` (the fastest available) or ``"torch"`` (the reference path).
+        backend: ``"auto"`` (the fastest available: the Triton kernels for CUDA tensors
+            when triton imports, else the reference path), ``"torch"`` (the reference
+            path) or ``"triton"`` (the kernels; CPU tensors only under ``TRITON_INTERPRET=1``).
 
     Returns:
         ``(q_rot, k_rot, final_phase or None)`` with the dtypes of q and k. The angle of
@@ -120,7 +154,10 @@ def selective_rope(
         _check_tensor("offset", offset)
         if tuple(offset.shape) != (count, key_heads, rot):
             raise ValueError(f"offset must be [N, Hk, R] = [{count}, {key_heads}, {rot}], got {tuple(offset.shape)}")
-    q_rot, k_rot, final = reference.selective_rope(q, k, phi, temperature, offset, cu_seqlens)
+    if q.numel() > 0 and k.numel() > 0 and _use_triton(backend, q):
+        q_rot, k_rot, final = _triton_ops().selective_rope_triton(q, k, phi, temperature, offset, cu_seqlens)
+    else:
+        q_rot, k_rot, final = reference.selective_rope(q, k, phi, temperature, offset, cu_seqlens)
     return q_rot, k_rot, final.detach() if output_final_phase else None
 
 
@@ -139,7 +176,7 @@ def rope(
         positions: ``[B, T]`` position of every token (integer or float).
         inv_freq: ``[R]`` frequencies, ``2R <= D``; pairs ``(j, j + R)`` rotate by
             ``positions · inv_freq[j]``, channels ``[2R, D)`` pass through.
-        backend: ``"auto"`` or ``"torch"``.
+        backend: ``"auto"``, ``"torch"`` or ``"triton"``, as for :func:`selective_rope`.
     """
     batch, length, _, _, head_dim = _check_qk(q, k)
     _check_tensor("positions", positions, rank=2, floating=False)
@@ -150,4 +187,6 @@ def rope(
         raise ValueError(f"positions must be [B, T] = [{batch}, {length}], got {tuple(positions.shape)}")
     if inv_freq.numel() < 1 or 2 * inv_freq.numel() > head_dim:
         raise ValueError(f"inv_freq must be [R] with 1 <= R and 2R <= head_dim={head_dim}, got {tuple(inv_freq.shape)}")
+    if q.numel() > 0 and k.numel() > 0 and _use_triton(backend, q):
+        return _triton_ops().rope_triton(q, k, positions, inv_freq)
     return reference.rope(q, k, positions, inv_freq)

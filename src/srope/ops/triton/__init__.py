@@ -1,0 +1,16 @@
+"""Triton kernels of the rotation: Selective RoPE (training/prefill and a fused one-token
+decode step) and fixed RoPE. They run on CUDA, or on the CPU under ``TRITON_INTERPRET=1``
+(read when this package is first imported, as Triton reads it when kernels are decorated).
+
+- :func:`selective_rope_triton`, :func:`rope_triton`: what :func:`srope.ops.selective_rope`
+  and :func:`srope.ops.rope` call for ``backend="triton"`` (and ``"auto"`` on CUDA).
+- :func:`selective_rope_decode_step`: generator conv + activation + bias + gate + phase +
+  rotation of one token per sequence, for the ``SelectiveRoPE`` module's cached decoding.
+
+Design and numerics: ``kernels.py``; launches and ``torch.library`` registration: ``ops.py``.
+"""
+
+from srope.ops.triton.decode import selective_rope_decode_step
+from srope.ops.triton.ops import rope_triton, selective_rope_triton
+
+__all__ = ["rope_triton", "selective_rope_decode_step", "selective_rope_triton"]

@@ -1,0 +1,215 @@
+"""One-token decoding step of Selective RoPE, fused into one Triton kernel.
+
+Given the ω projection ``u`` of the new token, the step does what
+``SelectiveRoPE.phase_increments`` followed by the rotation op do for one token, in the
+same order and with the same roundings to the generator's dtype:
+
+    window = [conv_state, u]            (the last W inputs)
+    y      = act(Σ_w weight[:, w] · window[:, w] + conv_bias)
+    φ      = (y + exp(b)) · gate
+    Φ      = phase + φ                  (float64)
+    q, k   rotated by wrap(Θ · Φ)
+
+and returns the rotated q, k and the new state ``(window[:, 1:], Φ)``. Inference only:
+there is no backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from srope.ops.conv import ACTIVATIONS
+from srope.ops.triton.kernels import _exp, _out, _rotate_heads_fwd, _sincos, _wrap
+from srope.ops.triton.ops import interpreting, on_device
+
+GATE_NONE, GATE_HEAD, GATE_CHANNEL = 0, 1, 2
+
+
+@triton.jit
+def _round(x, ptr, CD: tl.constexpr):
+    """Round ``x`` to ``ptr``'s element type and back (the torch path's intermediate rounding)."""
+    return _out(x, ptr).to(CD)
+
+
+@triton.jit
+def decode_step_kernel(
+    q, k, u, state, weight, conv_bias, log_bias, gate, phase, temp,
+    q_out, k_out, state_out, phase_out,
+    q_n, q_h, k_n, k_h, u_n, s_n, s_c, g_n, temp_h,
+    Hk: tl.constexpr, G: tl.constexpr, R: tl.constexpr, P: tl.constexpr, W: tl.constexpr,
+    BR: tl.constexpr, BP: tl.constexpr, BW: tl.constexpr,
+    SILU: tl.constexpr, HAS_CONV_BIAS: tl.constexpr, HAS_BIAS: tl.constexpr, GATE: tl.constexpr,
+    F64: tl.constexpr, PRECISE: tl.constexpr,
+):
+    """One program per (sequence n, key head hk): its R generator channels, then the
+    rotation of key head hk and its query-head group."""
+    CD: tl.constexpr = tl.float64 if F64 else tl.float32
+    n, hk = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    rr = tl.arange(0, BR)
+    mr = rr < R
+    ww = tl.arange(0, BW)
+    channel = hk * R + rr
+    new = tl.load(u + n * u_n + channel, mask=mr, other=0.0)
+    m_hist = mr[:, None] & (ww < W - 1)[None, :]
+    row = state + n * s_n + channel[:, None] * s_c
+    history = tl.load(row + ww[None, :], mask=m_hist, other=0.0).to(CD)
+    window = tl.where(ww[None, :] == W - 1, new.to(CD)[:, None], history)
+    taps = _round(tl.load(weight + channel[:, None] * W + ww[None, :], mask=mr[:, None] & (ww < W)[None, :], other=0.0), u, CD)
+    y = tl.sum(window * taps, 1)
+    if HAS_CONV_BIAS:
+        y += _round(tl.load(conv_bias + channel, mask=mr, other=0.0), u, CD)
+    y = _round(y, u, CD)
+    if SILU:
+        y = _round(y / (1.0 + _exp(-y, PRECISE)), u, CD)
+    if HAS_BIAS:
+        b = tl.load(log_bias + channel, mask=mr, other=0.0).to(CD)
+        y = _round(y + _round(_exp(b, PRECISE), u, CD), u, CD)
+    if GATE == 1:
+        y = _round(y * tl.load(gate + n * g_n + hk).to(CD), u, CD)
+    if GATE == 2:
+        y = _round(y * tl.load(gate + n * g_n + channel, mask=mr, other=0.0).to(CD), u, CD)
+    # The new conv state: the window shifted by one (inputs 1 .. W-1).
+    shifted = tl.load(row + ww[None, :] + 1, mask=mr[:, None] & (ww + 1 < W - 1)[None, :], other=0.0)
+    shifted = tl.where(ww[None, :] == W - 2, new[:, None], shifted)
+    tl.store(state_out + n * s_n + channel[:, None] * s_c + ww[None, :], shifted, mask=m_hist)
+    slot = (n * Hk + hk) * R + rr
+    total = tl.load(phase + slot, mask=mr, other=0.0) + y.to(tl.float64)
+    tl.store(phase_out + slot, total, mask=mr)
+    theta = tl.load(temp + hk * temp_h + rr, mask=mr, other=0.0).to(tl.float64)
+    cos, sin = _sincos(_wrap(theta * total).to(CD)[None, :], PRECISE)  # [1, BR]
+    t = tl.zeros([1], dtype=tl.int64)
+    mt = t == 0
+    _rotate_heads_fwd(q, q_out, q_n, 0, q_h, q_n, 0, q_h, n, t, mt, hk * G, G, cos, sin, rr, mr, R, P, BP, CD)
+    _rotate_heads_fwd(k, k_out, k_n, 0, k_h, k_n, 0, k_h, n, t, mt, hk, 1, cos, sin, rr, mr, R, P, BP, CD)
+
+
+@torch.library.custom_op("srope::selective_rope_decode", mutates_args=())
+def _decode_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    u: torch.Tensor,
+    conv_state: torch.Tensor,
+    conv_weight: torch.Tensor,
+    phase: torch.Tensor,
+    temperature: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    gate: torch.Tensor | None,
+    silu: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    count, _, heads, head_dim = q.shape
+    key_heads, pairs = phase.shape[1], phase.shape[2]
+    width = conv_weight.shape[1]
+    q, k = q.contiguous(), k.contiguous()
+    u, conv_state, phase = u.contiguous(), conv_state.contiguous(), phase.contiguous()
+    conv_weight, temperature = conv_weight.contiguous(), temperature.contiguous()
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    state_out, phase_out = torch.empty_like(conv_state), torch.empty_like(phase)
+    gate_kind = GATE_NONE if gate is None else (GATE_CHANNEL if gate.numel() == count * key_heads * pairs else GATE_HEAD)
+    gate = u if gate is None else gate.contiguous()
+    rest = head_dim - 2 * pairs
+    if count > 0:
+        with on_device(q):
+            decode_step_kernel[(count, key_heads)](
+                q, k, u, conv_state, conv_weight,
+                u if conv_bias is None else conv_bias.contiguous(),
+                u if bias is None else bias.contiguous(),
+                gate, phase, temperature, q_out, k_out, state_out, phase_out,
+                q.stride(0), q.stride(2), k.stride(0), k.stride(2), u.stride(0),
+                conv_state.stride(0), conv_state.stride(1), gate.stride(0),
+                pairs if temperature.dim() == 2 else 0,
+                Hk=key_heads, G=heads // key_heads, R=pairs, P=rest, W=width,
+                BR=triton.next_power_of_2(pairs), BP=triton.next_power_of_2(max(rest, 1)),
+                BW=triton.next_power_of_2(width), SILU=silu, HAS_CONV_BIAS=conv_bias is not None,
+                HAS_BIAS=bias is not None, GATE=gate_kind,
+                F64=any(x.dtype == torch.float64 for x in (q, k, u, temperature)),
+                PRECISE=not interpreting(), num_warps=1 if pairs * (heads + key_heads) <= 4096 else 4,
+            )
+    return q_out, k_out, state_out, phase_out
+
+
+@_decode_op.register_fake
+def _decode_op_fake(q, k, u, conv_state, conv_weight, phase, temperature, conv_bias, bias, gate, silu):
+    return q.new_empty(q.shape), k.new_empty(k.shape), conv_state.new_empty(conv_state.shape), phase.new_empty(phase.shape)
+
+
+def _shape_error(name: str, expected: str, value: torch.Tensor) -> ValueError:
+    return ValueError(f"{name} must be {expected}, got {tuple(value.shape)}")
+
+
+def selective_rope_decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    u: torch.Tensor,
+    conv_state: torch.Tensor,
+    conv_weight: torch.Tensor,
+    phase: torch.Tensor,
+    temperature: torch.Tensor,
+    *,
+    conv_bias: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    bias: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Advance N sequences by one token: generator conv, activation, bias, gate, phase and
+    the rotation of q and k, in one kernel.
+
+    Args:
+        q: ``[N, 1, H, D]``; k: ``[N, 1, Hk, D]`` with ``H % Hk == 0``.
+        u: ``[N, 1, Hk·R]`` (or ``[N, Hk·R]``): the ω projection of the token, pre-conv;
+            its dtype is the generator's (every intermediate rounds to it, as in torch).
+        conv_state: ``[N, Hk·R, W-1]``, the last ``W-1`` projected inputs.
+        conv_weight: ``[Hk·R, W]`` taps, the current token last (``ShortConvolution.kernel()``).
+        phase: ``[N, Hk, R]`` float64, Φ after the previous token.
+        temperature: ``[R]`` or ``[Hk, R]``.
+        conv_bias: ``[Hk·R]`` or None. activation: ``"silu"``/``"swish"`` or None.
+        bias: ``[Hk, R]`` log-bias b (``exp(b)`` is added) or None.
+        gate: per head ``[N, 1, Hk]`` / ``[N, Hk]`` or per channel ``[N, 1, Hk, R]`` /
+            ``[N, Hk·R]`` (after the sigmoid), or None.
+
+    Returns ``(q_rot, k_rot, new conv_state, new phase)``. Runs on CUDA, or on the CPU
+    under ``TRITON_INTERPRET=1``. No autograd.
+    """
+    for name, value in (("q", q), ("k", k), ("u", u), ("conv_state", conv_state), ("conv_weight", conv_weight), ("phase", phase), ("temperature", temperature)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    if q.dim() != 4 or q.shape[1] != 1:
+        raise _shape_error("q", "[N, 1, H, D]", q)
+    count, _, heads, head_dim = q.shape
+    if k.dim() != 4 or k.shape[0] != count or k.shape[1] != 1 or k.shape[3] != head_dim or heads % max(k.shape[2], 1):
+        raise _shape_error("k", f"[N, 1, Hk, D] = [{count}, 1, Hk, {head_dim}] with {heads} % Hk == 0", k)
+    key_heads = k.shape[2]
+    if phase.dim() != 3 or phase.shape[:2] != (count, key_heads) or phase.dtype != torch.float64:
+        raise ValueError(f"phase must be float64 [N, Hk, R] = [{count}, {key_heads}, R], got {phase.dtype} {tuple(phase.shape)}")
+    pairs = phase.shape[2]
+    channels = key_heads * pairs
+    if pairs < 1 or 2 * pairs > head_dim:
+        raise ValueError(f"phase's last dimension R must satisfy 1 <= R and 2R <= head_dim={head_dim}, got R={pairs}")
+    if u.numel() != count * channels or u.shape[0] != count or u.shape[-1] != channels:
+        raise _shape_error("u", f"[N, 1, Hk·R] = [{count}, 1, {channels}]", u)
+    u = u.reshape(count, channels)
+    if conv_weight.dim() != 2 or conv_weight.shape[0] != channels:
+        raise _shape_error("conv_weight", f"[Hk·R, W] = [{channels}, W]", conv_weight)
+    width = conv_weight.shape[1]
+    if tuple(conv_state.shape) != (count, channels, width - 1):
+        raise _shape_error("conv_state", f"[N, Hk·R, W-1] = [{count}, {channels}, {width - 1}]", conv_state)
+    if tuple(temperature.shape) not in ((pairs,), (key_heads, pairs)):
+        raise _shape_error("temperature", f"[R] = [{pairs}] or [Hk, R] = [{key_heads}, {pairs}]", temperature)
+    if conv_bias is not None and tuple(conv_bias.shape) != (channels,):
+        raise _shape_error("conv_bias", f"[Hk·R] = [{channels}]", conv_bias)
+    if bias is not None and tuple(bias.shape) != (key_heads, pairs):
+        raise _shape_error("bias", f"[Hk, R] = [{key_heads}, {pairs}]", bias)
+    if gate is not None:
+        if gate.shape[0] != count or gate.numel() not in (count * key_heads, count * channels):
+            raise _shape_error("gate", f"[N, 1, Hk] or [N, 1, Hk, R] with N={count}, Hk={key_heads}, R={pairs}", gate)
+        gate = gate.reshape(count, -1)
+    tensors = (k, u, conv_state, conv_weight, phase, temperature, conv_bias, bias, gate)
+    if any(x is not None and x.device != q.device for x in tensors):
+        raise ValueError("all inputs of the decode step must be on q's device")
+    if q.device.type != "cuda" and not interpreting():
+        raise ValueError(f"the fused decode step needs CUDA tensors, or TRITON_INTERPRET=1; got {q.device}")
+    return _decode_op(q, k, u, conv_state, conv_weight, phase, temperature, conv_bias, bias, gate, activation is not None)

@@ -1,0 +1,431 @@
+"""Launch wrappers of the rotation kernels, registered as ``torch.library`` ops.
+
+``selective_rope_triton`` and ``rope_triton`` are what :mod:`srope.ops.rotary` calls for
+``backend="triton"``; they take already-validated inputs. The forward and backward of
+each are ``torch.library.custom_op`` s with fake (meta) implementations, and autograd is
+registered on the forward op, so ``torch.compile`` keeps them in its graph without a
+break. (``triton_op`` would let inductor see inside, but under ``TRITON_INTERPRET=1``
+its fake tensors reach the interpreted kernels, so nothing could be tested on the CPU;
+the kernels are already fused, so there is nothing for inductor to gain.) Nothing here
+waits for the GPU: packed-batch chunk tables are built on the device with a static upper
+bound on the number of chunks, so the ops can be captured in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+import triton
+
+from srope.ops.triton import kernels
+
+SCAN_BLOCK_R = 16  # channels per program of the chunk scans (8 warps)
+SCAN_BLOCK_C = 128  # chunks per step of the chunk scans
+LIGHT_SUB_T = 16  # sub-tile of the light kernels (chunk sums, dphi; 4 warps)
+# Autotuned on the GPU (the heavy kernels only): (sub-tile tokens ST, warps). A thread
+# holds ST·R/(32·warps) elements of every tile. Compiled for sm_90 (ptxas -v, R = 64, bf16;
+# ``python -m tests.triton.compile_sm90``): forward 127 / 128 / 64 / 64 and backward
+# 168 / 206-222 / 123-128 / 95-112 registers for the four configs, none spilling.
+TUNE_CONFIGS = ((16, 4), (32, 8), (16, 8), (8, 4))
+INTERPRET_TILE = {"ST": 8, "num_warps": 4}  # fixed under TRITON_INTERPRET=1
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _tuned(fn, key):
+    if interpreting():
+        return fn
+    configs = [triton.Config({"ST": st}, num_warps=w) for st, w in TUNE_CONFIGS]
+    return triton.autotune(configs=configs, key=key, cache_results=True)(fn)
+
+
+_ROTATE_KEY = ["Hk", "G", "R", "P", "BT", "VARLEN", "F64"]
+_srope_fwd = _tuned(kernels.srope_fwd_kernel, _ROTATE_KEY)
+_srope_bwd = _tuned(kernels.srope_bwd_kernel, _ROTATE_KEY + ["STORE_DANGLE", "TEMP_GRAD"])
+_rope_fwd = _tuned(kernels.rope_fwd_kernel, ["G", "R", "P", "BT", "F64"])
+_rope_bwd = _tuned(kernels.rope_bwd_kernel, ["Hk", "G", "R", "P", "BT", "F64", "FREQ_GRAD"])
+
+
+def _tile() -> dict:
+    """Tile options of the heavy kernels: autotuned on the GPU, fixed when interpreted."""
+    return dict(INTERPRET_TILE) if interpreting() else {}
+
+
+def on_device(x: torch.Tensor):
+    """Launch on ``x``'s GPU whatever the current device is."""
+    return torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
+
+
+def _guarded(fn):
+    """Run an op's launches on the device of its first tensor argument."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with on_device(args[0]):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def default_block_t(batch: int, length: int, key_heads: int) -> int:
+    """Chunk length: 64 tokens, halved (down to 16) while fewer than 1024 programs would
+    run, so that small batches still spread over every SM of the GPU."""
+    block_t = 64
+    while block_t > 16 and batch * key_heads * triton.cdiv(max(length, 1), block_t) < 1024:
+        block_t //= 2
+    return block_t
+
+
+def _check_block_t(block_t: int) -> int:
+    if not isinstance(block_t, int) or block_t < 1 or block_t & (block_t - 1):
+        raise ValueError(f"block_t must be a positive power of two, got {block_t!r}")
+    return block_t
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _bth(x: torch.Tensor) -> tuple[int, int, int]:
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _meta(q: torch.Tensor, k: torch.Tensor, pairs: int, block_t: int, *others: torch.Tensor) -> dict:
+    heads, head_dim, key_heads = q.shape[2], q.shape[3], k.shape[2]
+    rest = head_dim - 2 * pairs
+    return dict(
+        G=heads // key_heads,
+        R=pairs,
+        P=rest,
+        BT=block_t,
+        BR=triton.next_power_of_2(pairs),
+        BP=triton.next_power_of_2(max(rest, 1)),
+        F64=any(x.dtype == torch.float64 for x in (q, k, *others)),
+        PRECISE=not interpreting(),
+    )
+
+
+def chunk_tables(cu_seqlens: torch.Tensor, length: int, block_t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunks of ``block_t`` tokens that never straddle a packed sequence.
+
+    Returns ``cu_chunks [N+1]`` (first chunk slot of every sequence) and ``chunk_seq
+    [cdiv(T, block_t) + N]`` (the sequence of every slot, ``N`` past the last chunk), both
+    int32 and built on the device: the slot count is a static upper bound, so nothing
+    waits for the GPU and the shapes are known to ``torch.compile``.
+    """
+    count = cu_seqlens.numel() - 1
+    bounds = cu_seqlens.to(torch.int64)
+    chunks = torch.div(bounds[1:] - bounds[:-1] + block_t - 1, block_t, rounding_mode="floor")
+    cu_chunks = torch.cat([bounds.new_zeros(1), torch.cumsum(chunks, 0)])
+    slots = torch.arange(triton.cdiv(length, block_t) + count, device=cu_seqlens.device, dtype=torch.int64)
+    chunk_seq = torch.searchsorted(cu_chunks[1:].contiguous(), slots, right=True)
+    return cu_chunks.to(torch.int32), chunk_seq.to(torch.int32)
+
+
+# --------------------------------------------------------------------------- selective
+
+
+@torch.library.custom_op("srope::selective_rope_fwd", mutates_args=())
+@_guarded
+def selective_rope_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    phi: torch.Tensor,
+    temperature: torch.Tensor,
+    offset: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    cu_chunks: torch.Tensor | None,
+    chunk_seq: torch.Tensor | None,
+    block_t: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns ``(q_rot, k_rot, final phase [N,Hk,R] f64, phase before every chunk [slots,Hk,R] f64)``."""
+    q, k, phi = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(phi)
+    temperature = temperature.contiguous()
+    batch, length, _, _ = q.shape
+    key_heads, pairs = k.shape[2], phi.shape[3]
+    varlen = cu_seqlens is not None
+    count = cu_seqlens.shape[0] - 1 if varlen else batch
+    per_row = triton.cdiv(length, block_t)
+    slots = chunk_seq.shape[0] if varlen else batch * per_row
+    f64 = dict(dtype=torch.float64, device=q.device)
+    sums = torch.empty(slots, key_heads, pairs, **f64)
+    base = torch.empty(slots, key_heads, pairs, **f64)
+    final = torch.empty(count, key_heads, pairs, **f64)
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    meta = _meta(q, k, pairs, block_t, phi, temperature)
+    table = (cu_seqlens, chunk_seq, cu_chunks) if varlen else (sums, sums, sums)
+    temp_h = pairs if temperature.dim() == 2 else 0
+    if slots > 0:
+        kernels.chunk_sum_kernel[(slots, key_heads)](
+            phi, sums, base, *_bth(phi), length, per_row, count, *table,
+            Hk=key_heads, R=pairs, BT=block_t, ST=LIGHT_SUB_T, BR=meta["BR"], VARLEN=varlen, num_warps=4,
+        )
+    kernels.chunk_scan_fwd_kernel[(count, key_heads, triton.cdiv(pairs, SCAN_BLOCK_R))](
+        sums, base, sums if offset is None else offset.contiguous(), final, per_row, table[2],
+        Hk=key_heads, R=pairs, BRS=SCAN_BLOCK_R, BC=SCAN_BLOCK_C,
+        HAS_OFFSET=offset is not None, VARLEN=varlen, num_warps=8,
+    )
+    if slots > 0:
+        _srope_fwd[(slots, key_heads)](
+            q, k, phi, temperature, base, q_out, k_out,
+            *_bth(q), *_bth(k), *_bth(q_out), *_bth(k_out), *_bth(phi), temp_h,
+            length, per_row, count, *table, Hk=key_heads, VARLEN=varlen, **meta, **_tile(),
+        )
+    return q_out, k_out, final, base
+
+
+@torch.library.custom_op("srope::selective_rope_bwd", mutates_args=())
+@_guarded
+def selective_rope_bwd(
+    dq_out: torch.Tensor,
+    dk_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    phi: torch.Tensor,
+    temperature: torch.Tensor,
+    base: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    cu_chunks: torch.Tensor | None,
+    chunk_seq: torch.Tensor | None,
+    block_t: int,
+    phi_grad: bool,
+    temperature_grad: bool,
+    offset_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns ``(dq, dk, dphi, dtemperature per sequence [N,Hk,R] f64, doffset [N,Hk,R] f64)``;
+    the gradients not asked for are empty tensors."""
+    q, k, phi = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(phi)
+    dq_out, dk_out = _last_dim_contiguous(dq_out), _last_dim_contiguous(dk_out)
+    temperature = temperature.contiguous()
+    batch, length, _, _ = q.shape
+    key_heads, pairs = k.shape[2], phi.shape[3]
+    varlen = cu_seqlens is not None
+    count = cu_seqlens.shape[0] - 1 if varlen else batch
+    per_row = triton.cdiv(length, block_t)
+    slots = base.shape[0]
+    meta = _meta(q, k, pairs, block_t, phi, temperature)
+    table = (cu_seqlens, chunk_seq, cu_chunks) if varlen else (base, base, base)
+    temp_h = pairs if temperature.dim() == 2 else 0
+    need_dangle = phi_grad or offset_grad
+    scratch_dtype = torch.float64 if meta["F64"] else torch.float32
+
+    def buffer(shape, needed: bool, dtype=torch.float64) -> torch.Tensor:
+        return torch.empty(shape if needed else (0,), dtype=dtype, device=q.device)  # never aliased
+
+    dangle = buffer((batch * length, key_heads, pairs), need_dangle, scratch_dtype)
+    dtotal = buffer((slots, key_heads, pairs), need_dangle)
+    dtemp_part = buffer((slots, key_heads, pairs), temperature_grad)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if slots > 0:
+        _srope_bwd[(slots, key_heads)](
+            q, k, dq_out, dk_out, phi, temperature, base, dq, dk, dangle, dtotal, dtemp_part,
+            *_bth(q), *_bth(k), *_bth(dq_out), *_bth(dk_out), *_bth(dq), *_bth(dk), *_bth(phi), temp_h,
+            length, per_row, count, *table, Hk=key_heads, VARLEN=varlen,
+            STORE_DANGLE=need_dangle, TEMP_GRAD=temperature_grad, **meta, **_tile(),
+        )
+    carry = buffer((slots, key_heads, pairs), phi_grad)
+    doffset = buffer((count, key_heads, pairs), offset_grad)
+    dtemp_seq = buffer((count, key_heads, pairs), temperature_grad)
+    if need_dangle or temperature_grad:
+        kernels.chunk_scan_bwd_kernel[(count, key_heads, triton.cdiv(pairs, SCAN_BLOCK_R))](
+            dtotal, dtemp_part, carry, temperature, doffset, dtemp_seq, temp_h, per_row, table[2],
+            Hk=key_heads, R=pairs, BRS=SCAN_BLOCK_R, BC=SCAN_BLOCK_C, CARRY=phi_grad,
+            OFFSET_GRAD=offset_grad, TEMP_GRAD=temperature_grad, VARLEN=varlen, num_warps=8,
+        )
+    dphi = buffer(phi.shape, phi_grad, phi.dtype)
+    if phi_grad and slots > 0:
+        kernels.dphi_kernel[(slots, key_heads)](
+            dangle, carry, temperature, dphi, *_bth(dphi), temp_h, length, per_row, count, *table,
+            Hk=key_heads, R=pairs, BT=block_t, ST=LIGHT_SUB_T, BR=meta["BR"], VARLEN=varlen, num_warps=4,
+        )
+    return dq, dk, dphi, dtemp_seq, doffset
+
+
+@selective_rope_fwd.register_fake
+def _selective_rope_fwd_fake(q, k, phi, temperature, offset, cu_seqlens, cu_chunks, chunk_seq, block_t):
+    batch, length = q.shape[0], q.shape[1]
+    key_heads, pairs = k.shape[2], phi.shape[3]
+    count = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    slots = batch * triton.cdiv(length, block_t) if cu_seqlens is None else chunk_seq.shape[0]
+    return (
+        q.new_empty(q.shape),
+        k.new_empty(k.shape),
+        q.new_empty((count, key_heads, pairs), dtype=torch.float64),
+        q.new_empty((slots, key_heads, pairs), dtype=torch.float64),
+    )
+
+
+@selective_rope_bwd.register_fake
+def _selective_rope_bwd_fake(
+    dq_out, dk_out, q, k, phi, temperature, base, cu_seqlens, cu_chunks, chunk_seq, block_t, phi_grad, temperature_grad, offset_grad
+):
+    count = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    per_sequence = (count, k.shape[2], phi.shape[3])
+    return (
+        q.new_empty(q.shape),
+        k.new_empty(k.shape),
+        phi.new_empty(phi.shape if phi_grad else (0,)),
+        q.new_empty(per_sequence if temperature_grad else (0,), dtype=torch.float64),
+        q.new_empty(per_sequence if offset_grad else (0,), dtype=torch.float64),
+    )
+
+
+def _selective_setup(ctx, inputs, output) -> None:
+    q, k, phi, temperature, offset, cu_seqlens, cu_chunks, chunk_seq, block_t = inputs
+    ctx.save_for_backward(q, k, phi, temperature, output[3], cu_seqlens, cu_chunks, chunk_seq)
+    ctx.block_t = block_t
+    ctx.offset_dtype = None if offset is None else offset.dtype
+    ctx.mark_non_differentiable(output[2], output[3])
+
+
+def _selective_backward(ctx, dq_out, dk_out, _dfinal, _dbase):
+    q, k, phi, temperature, base, cu_seqlens, cu_chunks, chunk_seq = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    offset_grad = ctx.offset_dtype is not None and need[4]
+    dq_out = torch.zeros_like(q) if dq_out is None else dq_out
+    dk_out = torch.zeros_like(k) if dk_out is None else dk_out
+    dq, dk, dphi, dtemp_seq, doffset = selective_rope_bwd(
+        dq_out, dk_out, q, k, phi, temperature, base, cu_seqlens, cu_chunks, chunk_seq,
+        ctx.block_t, need[2], need[3], offset_grad,
+    )
+    dtemp = None
+    if need[3]:
+        dtemp = dtemp_seq.sum(0)  # fixed-order reduction over sequences, then heads
+        dtemp = (dtemp if temperature.dim() == 2 else dtemp.sum(0)).to(temperature.dtype)
+    return (
+        dq if need[0] else None,
+        dk if need[1] else None,
+        dphi if need[2] else None,
+        dtemp,
+        doffset.to(ctx.offset_dtype) if offset_grad else None,
+        None, None, None, None,
+    )
+
+
+selective_rope_fwd.register_autograd(_selective_backward, setup_context=_selective_setup)
+
+
+def selective_rope_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    phi: torch.Tensor,
+    temperature: torch.Tensor,
+    offset: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    block_t: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Selective RoPE with the Triton kernels: ``(q_rot, k_rot, final phase [N,Hk,R] f64)``.
+
+    Inputs as in :func:`srope.ops.rotary.selective_rope` (validated there). ``block_t``:
+    chunk length, a power of two (default :func:`default_block_t`).
+    """
+    block_t = _check_block_t(default_block_t(q.shape[0], q.shape[1], k.shape[2]) if block_t is None else block_t)
+    cu_chunks = chunk_seq = None
+    if cu_seqlens is not None:
+        cu_chunks, chunk_seq = chunk_tables(cu_seqlens, q.shape[1], block_t)
+    q_rot, k_rot, final, _ = selective_rope_fwd(q, k, phi, temperature, offset, cu_seqlens, cu_chunks, chunk_seq, block_t)
+    return q_rot, k_rot, final
+
+
+# --------------------------------------------------------------------------- fixed RoPE
+
+
+@torch.library.custom_op("srope::rope_fwd", mutates_args=())
+@_guarded
+def rope_fwd(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, block_t: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, inv_freq = _last_dim_contiguous(q), _last_dim_contiguous(k), inv_freq.contiguous()
+    batch, length, _, _ = q.shape
+    key_heads, pairs = k.shape[2], inv_freq.shape[0]
+    per_row = triton.cdiv(length, block_t)
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    meta = _meta(q, k, pairs, block_t)  # compute dtype from q, k only, like the reference
+    if batch * per_row > 0:
+        _rope_fwd[(batch * per_row, key_heads)](
+            q, k, positions, inv_freq, q_out, k_out, *_bth(q), *_bth(k), *_bth(q_out), *_bth(k_out),
+            positions.stride(0), positions.stride(1), length, per_row, **meta, **_tile(),
+        )
+    return q_out, k_out
+
+
+@torch.library.custom_op("srope::rope_bwd", mutates_args=())
+@_guarded
+def rope_bwd(
+    dq_out: torch.Tensor,
+    dk_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    block_t: int,
+    freq_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns ``(dq, dk, dinv_freq partials [chunks, Hk, R] f64 or empty)``."""
+    q, k, inv_freq = _last_dim_contiguous(q), _last_dim_contiguous(k), inv_freq.contiguous()
+    dq_out, dk_out = _last_dim_contiguous(dq_out), _last_dim_contiguous(dk_out)
+    batch, length, _, _ = q.shape
+    key_heads, pairs = k.shape[2], inv_freq.shape[0]
+    per_row = triton.cdiv(length, block_t)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    shape = (batch * per_row, key_heads, pairs) if freq_grad else (0,)
+    partial = torch.empty(shape, dtype=torch.float64, device=q.device)
+    meta = _meta(q, k, pairs, block_t)  # compute dtype from q, k only, like the reference
+    if batch * per_row > 0:
+        _rope_bwd[(batch * per_row, key_heads)](
+            q, k, dq_out, dk_out, positions, inv_freq, dq, dk, partial,
+            *_bth(q), *_bth(k), *_bth(dq_out), *_bth(dk_out), *_bth(dq), *_bth(dk),
+            positions.stride(0), positions.stride(1), length, per_row,
+            Hk=key_heads, FREQ_GRAD=freq_grad, **meta, **_tile(),
+        )
+    return dq, dk, partial
+
+
+@rope_fwd.register_fake
+def _rope_fwd_fake(q, k, positions, inv_freq, block_t):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@rope_bwd.register_fake
+def _rope_bwd_fake(dq_out, dk_out, q, k, positions, inv_freq, block_t, freq_grad):
+    chunks = q.shape[0] * triton.cdiv(q.shape[1], block_t)
+    shape = (chunks, k.shape[2], inv_freq.shape[0]) if freq_grad else (0,)
+    return q.new_empty(q.shape), k.new_empty(k.shape), q.new_empty(shape, dtype=torch.float64)
+
+
+def _rope_setup(ctx, inputs, output) -> None:
+    q, k, positions, inv_freq, block_t = inputs
+    ctx.save_for_backward(q, k, positions, inv_freq)
+    ctx.block_t = block_t
+
+
+def _rope_backward(ctx, dq_out, dk_out):
+    q, k, positions, inv_freq = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dq_out = torch.zeros_like(q) if dq_out is None else dq_out
+    dk_out = torch.zeros_like(k) if dk_out is None else dk_out
+    dq, dk, partial = rope_bwd(dq_out, dk_out, q, k, positions, inv_freq, ctx.block_t, need[3])
+    dfreq = partial.sum((0, 1)).to(inv_freq.dtype) if need[3] else None
+    return dq if need[0] else None, dk if need[1] else None, None, dfreq, None
+
+
+rope_fwd.register_autograd(_rope_backward, setup_context=_rope_setup)
+
+
+def rope_triton(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, *, block_t: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fixed-frequency RoPE with the Triton kernel (inputs validated by :func:`srope.ops.rotary.rope`)."""
+    block_t = _check_block_t(default_block_t(q.shape[0], q.shape[1], k.shape[2]) if block_t is None else block_t)
+    return rope_fwd(q, k, positions, inv_freq, block_t)

@@ -1,0 +1,136 @@
+"""Compile every Triton kernel of srope for an H100/H200 (sm_90) on a machine without a GPU.
+
+The op wrappers run on CPU tensors with the kernel launches replaced by recorders; every
+distinct launch (and every autotune config) is then compiled through Triton's full
+pipeline down to ptxas. Prints one JSON line per kernel variant with the registers and
+spill bytes ptxas reports and the approximate instructions found in the PTX.
+
+    python -m tests.triton.compile_sm90     (TRITON_INTERPRET must be unset)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from srope.ops.triton import decode, kernels, ops
+
+TARGET = GPUTarget("cuda", 90, 32)
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+APPROX = re.compile(r"\b((?:sin|cos|ex2|lg2|rsqrt|sqrt|rcp|tanh|div)\.approx[.\w]*)")
+# sin.approx / cos.approx are what accurate kernels must never use (their error grows with the
+# angle); libdevice's exp is accurate and uses ex2.approx internally after its own reduction.
+FORBIDDEN = ("sin.approx", "cos.approx")
+TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float64: "*fp64", torch.int32: "*i32", torch.int64: "*i64"}
+
+
+class Recorder:
+    """Stands in for a kernel: ``kernel[grid](*args, **kwargs)`` records instead of launching."""
+
+    def __init__(self, kernel, name, calls):
+        self.fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
+        self.configs = kernel.configs if isinstance(kernel, triton.runtime.Autotuner) else None
+        self.name, self.calls = name, calls
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self, args, kwargs))
+
+
+def record_launches() -> list:
+    calls = []
+    for name in ("chunk_sum_kernel", "chunk_scan_fwd_kernel", "chunk_scan_bwd_kernel", "dphi_kernel"):
+        setattr(kernels, name, Recorder(getattr(kernels, name), name, calls))
+    for name in ("_srope_fwd", "_srope_bwd", "_rope_fwd", "_rope_bwd"):
+        setattr(ops, name, Recorder(getattr(ops, name), name, calls))
+    decode.decode_step_kernel = Recorder(decode.decode_step_kernel, "decode_step_kernel", calls)
+    # (dim, pairs, block_t, dtype, packed): the 8x4096x4x128 benchmark's tiles (every autotune
+    # config); odd R with partial rotary, float32, packed (the first config only).
+    for dim, pairs, block_t, dtype, packed in ((128, 64, 64, torch.bfloat16, False), (10, 3, 16, torch.float32, True)):
+        batch = 1 if packed else 2
+        q = torch.zeros(batch, 40, 4, dim, dtype=dtype)
+        k = torch.zeros(batch, 40, 2, dim, dtype=dtype)
+        phi = torch.zeros(batch, 40, 2, pairs, dtype=dtype)
+        temperature, offset = torch.ones(2, pairs), torch.zeros(3 if packed else batch, 2, pairs, dtype=torch.float64)
+        cu = torch.tensor([0, 5, 5, 40], dtype=torch.int32) if packed else None
+        tables = ops.chunk_tables(cu, 40, block_t) if packed else (None, None)
+        base = ops.selective_rope_fwd(q, k, phi, temperature, offset, cu, *tables, block_t)[3]
+        for flags in ((True, False, False), (True, True, True)):
+            ops.selective_rope_bwd(q, k, q, k, phi, temperature, base, cu, *tables, block_t, *flags)
+        positions, inv_freq = torch.arange(40)[None].expand(batch, 40), torch.ones(pairs, dtype=torch.float64)
+        ops.rope_fwd(q, k, positions, inv_freq, block_t)
+        ops.rope_bwd(q, k, q, k, positions, inv_freq, block_t, True)
+    bf16 = dict(dtype=torch.bfloat16)
+    decode._decode_op(
+        torch.zeros(8, 1, 4, 128, **bf16), torch.zeros(8, 1, 4, 128, **bf16), torch.zeros(8, 256, **bf16),
+        torch.zeros(8, 256, 3, **bf16), torch.zeros(256, 4), torch.zeros(8, 4, 64, dtype=torch.float64), torch.ones(64),
+        None, torch.zeros(4, 64), torch.zeros(8, 4, **bf16), True,
+    )
+    return calls
+
+
+def signature(recorder, args, kwargs, extra):
+    fn = recorder.fn
+    values = dict(zip(fn.arg_names, args))
+    values.update({name: value for name, value in kwargs.items() if name in fn.arg_names})
+    values.update(extra)
+    sig, constants = {}, {}
+    for index, name in enumerate(fn.arg_names):
+        value = values[name]
+        if fn.params[index].is_constexpr or value is None:
+            sig[name], constants[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            sig[name] = TYPES[value.dtype]
+        elif isinstance(value, bool):
+            sig[name] = "i1"
+        else:
+            sig[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+    return sig, constants
+
+
+def ptxas_report(ptx: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as handle:
+            handle.write(ptx)
+        out = subprocess.run([PTXAS, "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "kernel.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    registers = int(re.search(r"Used (\d+) registers", out).group(1))
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out)]
+    return {"registers": registers, "spill_bytes": sum(spills)}
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: the kernels must be decorated for compilation")
+    seen = set()
+    for recorder, args, kwargs in record_launches():
+        configs = recorder.configs or [None]
+        if recorder.configs and args[0].dtype == torch.float32:
+            configs = configs[:1]  # the odd-R float32 case: one config is enough
+        for config in configs:
+            extra = dict(config.kwargs) if config is not None else {}
+            warps = config.num_warps if config is not None else kwargs.get("num_warps", 4)
+            sig, constants = signature(recorder, args, kwargs, extra)
+            key = (recorder.name, warps, tuple(sorted(sig.items())), tuple(sorted((k, repr(v)) for k, v in constants.items())))
+            if key in seen:
+                continue
+            seen.add(key)
+            compiled = triton.compile(ASTSource(recorder.fn, sig, constants), target=TARGET, options={"num_warps": warps})
+            ptx = compiled.asm["ptx"]
+            tile = {name: constants.get(name) for name in ("R", "BT", "ST", "F64") if name in constants}
+            print(json.dumps({"kernel": recorder.name, "warps": warps, **tile, **ptxas_report(ptx),
+                              "approx": sorted(set(APPROX.findall(ptx)))}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The fused one-token decode step against the SelectiveRoPE module's torch path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from srope.modules import SelectiveRoPE
+from srope.ops.triton.decode import selective_rope_decode_step
+from tests.helpers import generator, randn, rel_err
+from tests.triton import cuda_checks
+
+CONFIGS = {
+    "silu-standard-gate": dict(),
+    "no-act-per-channel-gate-bias": dict(conv_activation=None, gate="per-channel", bias=True),
+    "low-rank-no-gate-learned-temp": dict(projection="low-rank", gate=None, learnable_temperature=True),
+    "first-difference-partial": dict(skip_conv=True, rotary_dim=6, gate="low-rank", bias=True),
+    "conv1": dict(conv_size=1, spectrum="rfa"),
+}
+
+
+def make_module(config, seed, hidden=16, heads=2, head_dim=8):
+    torch.manual_seed(seed)
+    module = SelectiveRoPE(hidden, heads, head_dim, **config)
+    with torch.no_grad():  # trained-like parameters: gates far from 0.5, non-zero biases
+        for param in module.parameters():
+            param.add_(torch.randn_like(param) * 0.5)
+    return module
+
+
+fused_step = cuda_checks.fused_decode_step  # the wiring the module's cached decode path uses
+
+
+def decode_inputs(module, dtype, device, batch=3, prefill=5, steps=4, heads=4, key_heads=2):
+    g = generator(2)
+    x = randn(batch, prefill + steps, 16, seed_gen=g, dtype=dtype).to(device)
+    q = randn(batch, prefill + steps, heads, 8, seed_gen=g, dtype=dtype).to(device)
+    k = randn(batch, prefill + steps, key_heads, 8, seed_gen=g, dtype=dtype).to(device)
+    with torch.no_grad():
+        _, _, state = module(q[:, :prefill], k[:, :prefill], x[:, :prefill], use_cache=True)
+    return q, k, x, state, range(prefill, prefill + steps)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_decode_steps_match_the_module(name, dtype, device):
+    """Prefill 5 tokens with the module, then 4 steps each way, every path carrying its own
+    state. The kernel rounds to the generator's dtype where torch does, so even in bf16 the
+    two agree to the last bits (the conv's sum may differ by an ulp of its order)."""
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    module = make_module(CONFIGS[name], seed=1).to(device=device, dtype=dtype)
+    q, k, x, state, steps = decode_inputs(module, dtype, device)
+    torch_state = fused_state = state
+    with torch.no_grad():
+        for t in steps:
+            sl = slice(t, t + 1)
+            q_ref, k_ref, torch_state = module(q[:, sl], k[:, sl], x[:, sl], state=torch_state, use_cache=True)
+            q_out, k_out, fused_state = fused_step(module, q[:, sl], k[:, sl], x[:, sl], fused_state)
+            assert q_out.dtype == dtype and k_out.dtype == dtype
+            assert rel_err(q_out, q_ref) < tol and rel_err(k_out, k_ref) < tol, (t, rel_err(q_out, q_ref))
+            assert torch.equal(fused_state.conv, torch_state.conv), t
+            assert fused_state.phase.dtype == torch.float64
+            assert rel_err(fused_state.phase, torch_state.phase) < tol / 10, (t, rel_err(fused_state.phase, torch_state.phase))
+
+
+def test_decode_step_equals_the_full_forward(device):
+    """Token by token through the kernel == one full forward of the module (float32)."""
+    module = make_module(CONFIGS["no-act-per-channel-gate-bias"], seed=3).to(device)
+    g = generator(4)
+    length = 7
+    x = randn(2, length, 16, seed_gen=g, dtype=torch.float32).to(device)
+    q = randn(2, length, 2, 8, seed_gen=g, dtype=torch.float32).to(device)
+    k = randn(2, length, 2, 8, seed_gen=g, dtype=torch.float32).to(device)
+    with torch.no_grad():
+        q_full, k_full, final = module(q, k, x, use_cache=True)
+        _, _, state = module(q[:, :1], k[:, :1], x[:, :1], use_cache=True)
+        outs = []
+        for t in range(1, length):
+            q_t, k_t, state = fused_step(module, q[:, t : t + 1], k[:, t : t + 1], x[:, t : t + 1], state)
+            outs.append((q_t, k_t))
+    assert rel_err(torch.cat([o[0] for o in outs], 1), q_full[:, 1:]) < 1e-5
+    assert rel_err(torch.cat([o[1] for o in outs], 1), k_full[:, 1:]) < 1e-5
+    assert rel_err(state.phase, final.phase) < 1e-6 and rel_err(state.conv, final.conv) < 1e-6
+
+
+def _args(device, **overrides):
+    args = dict(
+        q=torch.zeros(2, 1, 4, 8, device=device), k=torch.zeros(2, 1, 2, 8, device=device),
+        u=torch.zeros(2, 1, 6, device=device), conv_state=torch.zeros(2, 6, 3, device=device),
+        conv_weight=torch.zeros(6, 4, device=device), phase=torch.zeros(2, 2, 3, dtype=torch.float64, device=device),
+        temperature=torch.ones(3, device=device),
+    )
+    args.update(overrides)
+    return args
+
+
+BAD = [
+    ("q has T > 1", dict(q=torch.zeros(2, 2, 4, 8)), ValueError, "q must be"),
+    ("k heads", dict(k=torch.zeros(2, 1, 3, 8)), ValueError, "k must be"),
+    ("phase dtype", dict(phase=torch.zeros(2, 2, 3)), ValueError, "phase must be float64"),
+    ("u channels", dict(u=torch.zeros(2, 1, 5)), ValueError, "u must be"),
+    ("state width", dict(conv_state=torch.zeros(2, 6, 2)), ValueError, "conv_state must be"),
+    ("temperature", dict(temperature=torch.ones(4)), ValueError, "temperature must be"),
+    ("bias", dict(bias=torch.zeros(3, 2)), ValueError, "bias must be"),
+    ("gate", dict(gate=torch.zeros(2, 1, 3)), ValueError, "gate must be"),
+    ("activation", dict(activation="gelu"), ValueError, "activation must be one of"),
+    ("not a tensor", dict(u=[0.0]), TypeError, "u must be a torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize("name,overrides,error,match", BAD, ids=[b[0] for b in BAD])
+def test_decode_step_bad_inputs(name, overrides, error, match, device):
+    overrides = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in overrides.items()}
+    with pytest.raises(error, match=match):
+        selective_rope_decode_step(**_args(device, **overrides))

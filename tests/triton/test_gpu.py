@@ -1,0 +1,51 @@
+"""The compiled kernels on CUDA at real sizes (GPU machine, TRITON_INTERPRET unset):
+
+    python -m pytest tests/triton -m gpu -q
+
+The cases live in ``cuda_checks.py``, shared with ``benchmarks/check_cuda_rotary.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.triton import cuda_checks
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("name", list(cuda_checks.SHAPES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_real_sizes_match_float64(name, dtype):
+    errors = cuda_checks.rotation_errors(name, dtype)
+    tol = cuda_checks.TOLERANCE[dtype]
+    assert errors.pop("final_phase") < 1e-12
+    assert all(value < tol for value in errors.values()), errors
+
+
+def test_backward_is_deterministic_at_scale():
+    assert cuda_checks.backward_is_deterministic()
+
+
+def test_phase_accuracy_at_a_million_tokens():
+    assert cuda_checks.phase_error_rad(2**20) < cuda_checks.PHASE_TOLERANCE_RAD
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rope_real_size(dtype):
+    errors = cuda_checks.rope_errors(dtype)
+    assert all(value < cuda_checks.TOLERANCE[dtype] for value in errors.values()), errors
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_decode_step_matches_the_module(dtype):
+    errors = cuda_checks.decode_errors(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert errors["conv_state_equal"] and errors["q"] < tol and errors["k"] < tol and errors["phase"] < tol, errors
+
+
+def test_inductor_compile_and_cuda_graph():
+    errors = cuda_checks.compile_and_graph_errors()
+    assert errors["graph_breaks"] == 0
+    assert errors["compiled_max_err"] < 1e-2 and errors["cuda_graph_max_err"] < 1e-6, errors
