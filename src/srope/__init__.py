@@ -1,5 +1,6 @@
 """srope: Selective Rotary Position Embedding."""
 
+import srope.models  # noqa: F401  (registers model_type "srope" with the transformers Auto classes)
 from srope.modules import NoPE, RoPE, SelectiveRoPE, build_position_encoding
 from srope.ops import rope, selective_rope
 

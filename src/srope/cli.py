@@ -144,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     from srope.train.data import add_data_commands
 
     add_data_commands(commands)
+    from srope.eval.cli import add_eval_commands
+    from srope.train.sweep import add_sweep_command
+
+    add_sweep_command(commands)
+    add_eval_commands(commands)
     return parser
 
 

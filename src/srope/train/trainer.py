@@ -139,7 +139,7 @@ def evaluate(model, store, config: TrainConfig, world: World, autocast, seq_len:
     model.train()
     total, count = world.sum(total), world.sum(count)
     loss = float(total / count)
-    return {"val_loss": loss, "val_ppl": math.exp(loss)}
+    return {"val_loss": loss, "val_ppl": math.exp(loss) if loss < 700 else float("inf")}
 
 
 class MetricsLog:

@@ -1,0 +1,342 @@
+"""Held-out perplexity, perplexity by position, and length extrapolation.
+
+``srope eval --model RUN/model --data SOURCE --out FILE.json`` scores the corpus's held-out
+split at several context lengths (default 1×, 2× and 4× the training context read from the
+run's ``train_config.json``). Every context length scores the **same targets**: the first
+``N`` tokens after the first of the split's token stream (documents concatenated), with ``N``
+a multiple of the longest context (all of the split, or ``--max-rows`` rows of the longest
+context), cut into rows of ``L`` inputs; so the numbers differ only in how much context
+the model has, and positions at or beyond the training length show the extrapolation.
+
+For each context ``L`` the result holds the mean token loss and ``ppl = exp(loss)``, the
+same split into positions below and at/after the training length, and the mean loss per
+bucket of positions (``bucket_size`` wide; a curve). Position ``t`` is the offset of the
+input token within its row (``packing="concat"``, the paper's setting: the state runs across
+document boundaries inside a row) or within its document segment (``packing="documents"``:
+every document start restarts the model through ``cu_seqlens``, and the target that would be
+the next document's first token is not scored).
+
+Logits are computed chunk by chunk over time from the final hidden states, so long contexts
+never hold a ``[B, L, vocab]`` tensor. The loss is accumulated in float64.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from srope.train.data import IGNORE_INDEX, PACKING, TokenStore, eval_batches
+
+LOGIT_CHUNK = 1024  # time steps per lm_head + cross-entropy chunk
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+@dataclass
+class PositionLoss:
+    """Summed loss and target count per position ``0..L-1`` (float64 / int64 numpy arrays)."""
+
+    loss_sum: np.ndarray
+    count: np.ndarray
+
+    @classmethod
+    def zeros(cls, length: int) -> PositionLoss:
+        return cls(np.zeros(length, dtype=np.float64), np.zeros(length, dtype=np.int64))
+
+    @property
+    def targets(self) -> int:
+        return int(self.count.sum())
+
+    def mean(self, start: int = 0, stop: int | None = None) -> float | None:
+        count = int(self.count[start:stop].sum())
+        return float(self.loss_sum[start:stop].sum() / count) if count else None
+
+    def buckets(self, size: int) -> dict:
+        """Mean loss over positions ``[start, start + size)``; empty buckets are left out."""
+        starts, losses, counts = [], [], []
+        for start in range(0, len(self.count), size):
+            count = int(self.count[start : start + size].sum())
+            if count:
+                starts.append(start)
+                losses.append(float(self.loss_sum[start : start + size].sum() / count))
+                counts.append(count)
+        return {"bucket_size": size, "start": starts, "loss": losses, "targets": counts}
+
+
+def _segment_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """Offset of every packed position from the start of its segment."""
+    index = torch.arange(total, device=cu_seqlens.device)
+    starts = cu_seqlens[:-1].long()
+    segment = torch.searchsorted(starts, index, right=True) - 1
+    return index - starts[segment]
+
+
+@torch.no_grad()
+def token_losses(model, input_ids: torch.Tensor, labels: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None, autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Per-token cross-entropy ``[B, T]`` (float32; 0 where the label is ``IGNORE_INDEX``).
+
+    ``labels`` are the targets already shifted (``labels[:, t]`` follows ``input_ids[:, t]``).
+    """
+    device = input_ids.device
+    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        hidden = model.model(input_ids, cu_seqlens=cu_seqlens, use_cache=False).last_hidden_state
+        out = torch.empty(labels.shape, dtype=torch.float32, device=device)
+        for start in range(0, labels.shape[1], LOGIT_CHUNK):
+            stop = min(start + LOGIT_CHUNK, labels.shape[1])
+            logits = model.lm_head(hidden[:, start:stop]).float()
+            out[:, start:stop] = F.cross_entropy(
+                logits.flatten(0, 1), labels[:, start:stop].flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+            ).view(labels.shape[0], stop - start)
+    return out
+
+
+@torch.no_grad()
+def position_losses(
+    model,
+    store: TokenStore,
+    seq_len: int,
+    *,
+    rows: int,
+    batch_size: int = 8,
+    packing: str = "concat",
+    device: torch.device | str = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+    progress=None,
+) -> PositionLoss:
+    """Loss per position over the first ``rows`` rows of ``seq_len`` inputs of ``store``."""
+    seq_len, rows, batch_size = _positive_int("seq_len", seq_len), _positive_int("rows", rows), _positive_int("batch_size", batch_size)
+    if packing not in PACKING:
+        raise ValueError(f"packing must be one of {PACKING}, got {packing!r}")
+    device = torch.device(device)
+    result = PositionLoss.zeros(seq_len)
+    loss_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
+    count = torch.zeros(seq_len, dtype=torch.int64, device=device)
+    for batch in eval_batches(store, seq_len, batch_size, packing=packing, max_rows=rows):
+        if packing == "documents":
+            input_ids, labels, cu_seqlens = (t.to(device) for t in batch.packed())
+            positions = _segment_positions(cu_seqlens, input_ids.shape[1])
+        else:
+            input_ids, labels, cu_seqlens = batch.input_ids.to(device), batch.labels.to(device), None
+            positions = torch.arange(seq_len, device=device).repeat(input_ids.shape[0])
+        losses = token_losses(model, input_ids, labels, cu_seqlens=cu_seqlens, autocast_dtype=autocast_dtype).flatten()
+        if not torch.isfinite(losses).all():
+            raise FloatingPointError(f"non-finite token loss at context {seq_len} (rows {batch.rows[0].item()}..{batch.rows[-1].item()})")
+        scored = labels.flatten() != IGNORE_INDEX
+        loss_sum.index_add_(0, positions[scored], losses[scored].double())
+        count.index_add_(0, positions[scored], torch.ones_like(positions[scored]))
+        if progress is not None:
+            progress.update(int(scored.sum()))
+    result.loss_sum[:] = loss_sum.cpu().numpy()
+    result.count[:] = count.cpu().numpy()
+    return result
+
+
+def default_seq_lens(train_seq_len: int) -> list[int]:
+    """1×, 2× and 4× the training context."""
+    return [train_seq_len, 2 * train_seq_len, 4 * train_seq_len]
+
+
+def rows_per_context(num_tokens: int, seq_lens: list[int], max_rows: int | None) -> tuple[int, dict[int, int]]:
+    """The shared target budget ``N`` (a multiple of the longest context) and the rows of each context.
+
+    A context ``L`` that does not divide ``N`` gets ``N // L`` rows (at most ``L - 1`` targets fewer).
+    """
+    longest = max(seq_lens)
+    available = max(0, (num_tokens - 1) // longest)
+    if available == 0:
+        raise ValueError(f"the held-out split has {num_tokens} tokens, fewer than one row of the longest context {longest} (+1); use a shorter --seq-len or more held-out data")
+    budget_rows = available if max_rows is None else min(available, _positive_int("max_rows", max_rows))
+    budget = budget_rows * longest
+    return budget, {length: budget // length for length in seq_lens}
+
+
+def _ppl(loss: float | None) -> float | None:
+    if loss is None:
+        return None
+    return math.exp(loss) if loss < 709 else math.inf
+
+
+def evaluate_contexts(
+    model,
+    store: TokenStore,
+    seq_lens: list[int],
+    *,
+    train_seq_len: int | None = None,
+    batch_size: int = 8,
+    max_rows: int | None = None,
+    packing: str = "concat",
+    bucket_size: int | None = None,
+    device: torch.device | str = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+    show_progress: bool = False,
+) -> dict:
+    """Perplexity, within/beyond the training length and the per-position curve, per context length."""
+    if not isinstance(seq_lens, (list, tuple)) or not seq_lens:
+        raise ValueError(f"seq_lens must be a non-empty list of context lengths, got {seq_lens!r}")
+    seq_lens = sorted({_positive_int("seq_len", length) for length in seq_lens})
+    if train_seq_len is not None:
+        train_seq_len = _positive_int("train_seq_len", train_seq_len)
+    bucket_size = _positive_int("bucket_size", bucket_size) if bucket_size is not None else max(1, max(seq_lens) // 64)
+    budget, rows = rows_per_context(store.num_tokens, seq_lens, max_rows)
+    bar = None
+    if show_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(rows[length] * length for length in seq_lens), unit="tok", unit_scale=True, dynamic_ncols=True)
+    contexts = []
+    try:
+        for length in seq_lens:
+            began = time.perf_counter()
+            curve = position_losses(model, store, length, rows=rows[length], batch_size=batch_size, packing=packing, device=device, autocast_dtype=autocast_dtype, progress=bar)
+            loss = curve.mean()
+            entry = {"seq_len": length, "rows": rows[length], "targets": curve.targets, "loss": loss, "ppl": _ppl(loss)}
+            if train_seq_len is not None:
+                within, beyond = curve.mean(0, train_seq_len), curve.mean(train_seq_len)
+                entry |= {"loss_within_train_len": within, "ppl_within_train_len": _ppl(within), "loss_beyond_train_len": beyond, "ppl_beyond_train_len": _ppl(beyond)}
+            entry["positions"] = curve.buckets(bucket_size)
+            entry["seconds"] = time.perf_counter() - began
+            contexts.append(entry)
+    finally:
+        if bar is not None:
+            bar.close()
+    return {"train_seq_len": train_seq_len, "packing": packing, "target_budget": budget, "bucket_size": bucket_size, "contexts": contexts}
+
+
+def plot_position_curves(result: dict, path: str | os.PathLike) -> None:
+    """Mean loss per position bucket, one line per context length (PNG)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7.5, 4.5))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for entry in result["contexts"]:
+        buckets = entry["positions"]
+        centres = [start + buckets["bucket_size"] / 2 for start in buckets["start"]]
+        axes.plot(centres, buckets["loss"], marker=".", label=f"context {entry['seq_len']} (ppl {entry['ppl']:.2f})")
+    if result.get("train_seq_len"):
+        axes.axvline(result["train_seq_len"], color="grey", linestyle="--", linewidth=1, label=f"training length {result['train_seq_len']}")
+    axes.set_xlabel("position in the context (" + ("row" if result.get("packing", "concat") == "concat" else "document segment") + ")")
+    axes.set_ylabel(f"mean token loss (nats, buckets of {result['bucket_size']})")
+    axes.set_title(str(result.get("title", "held-out loss by position")), fontsize=9)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(os.fspath(path), dpi=120)
+
+
+def run_eval(
+    model: str | os.PathLike,
+    data: str | os.PathLike | None = None,
+    *,
+    out: str | os.PathLike,
+    cache: str | os.PathLike | None = None,
+    tokenizer: str | os.PathLike | None = None,
+    seq_lens: list[int] | None = None,
+    batch_size: int = 8,
+    max_rows: int | None = None,
+    packing: str | None = None,
+    bucket_size: int | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    plot: bool = True,
+    show_progress: bool = False,
+) -> dict:
+    """``srope eval``: load ``model`` (a model folder or a run folder), score the held-out split of
+    ``data`` at ``seq_lens``, write ``out`` (JSON) and a PNG beside it (``out`` with ``.png``).
+
+    Defaults come from the run's ``train_config.json`` when present: ``data``, ``cache``,
+    ``packing`` and the training length (``seq_lens`` = 1×, 2×, 4× of it).
+    """
+    from srope.eval.model_dir import autocast_dtype as pick_autocast
+    from srope.eval.model_dir import find_train_config, has_tokenizer, load_model, resolve_device, resolve_model_dir
+    from srope.train.data import load_corpus
+    from srope.train.tokenizer import MISTRAL_V1, load_tokenizer, tokenizer_fingerprint
+
+    out = Path(out)
+    if out.suffix != ".json":
+        raise ValueError(f"out must be a .json file path, got {os.fspath(out)!r}")
+    batch_size = _positive_int("batch_size", batch_size)
+    model_dir = resolve_model_dir(model)
+    train_config = find_train_config(model_dir) or {}
+    train_seq_len = train_config.get("seq_len")
+    if seq_lens is None:
+        if not train_seq_len:
+            raise ValueError(f"no train_config.json beside {model_dir} to read the training length from: pass seq_lens (--seq-len L ...)")
+        seq_lens = default_seq_lens(int(train_seq_len))
+    if data is None:
+        if "data" not in train_config:
+            raise ValueError(f"no train_config.json beside {model_dir} to read the training data from: pass data (--data SOURCE)")
+        data = train_config["data"]
+    cache = cache if cache is not None else train_config.get("cache")
+    packing = packing or train_config.get("packing", "concat")
+    if packing not in PACKING:
+        raise ValueError(f"packing must be one of {PACKING}, got {packing!r}")
+    where = resolve_device(device)
+    amp = pick_autocast(dtype, where)
+
+    corpus = load_corpus(data, tokenizer if tokenizer is not None else MISTRAL_V1, cache=cache)
+    config = _model_config(model_dir)
+    if corpus.vocab_size > config["vocab_size"]:
+        raise ValueError(f"the corpus's tokenizer has {corpus.vocab_size} tokens but the model's vocabulary is {config['vocab_size']}")
+    if has_tokenizer(model_dir):
+        mine = corpus.meta["tokenizer"]["fingerprint"]
+        theirs = tokenizer_fingerprint(load_tokenizer(model_dir))
+        if mine != theirs:
+            raise ValueError(
+                f"the corpus {corpus.path} was tokenised with {corpus.meta['tokenizer']['name']!r}, which is not the tokenizer saved "
+                f"with the model in {model_dir}; pass the model's tokenizer (--tokenizer {model_dir}) or its training token store as --data"
+            )
+    net = load_model(model_dir, where)
+    began = time.perf_counter()
+    result = evaluate_contexts(
+        net, corpus.val, list(seq_lens), train_seq_len=train_seq_len, batch_size=batch_size, max_rows=max_rows,
+        packing=packing, bucket_size=bucket_size, device=where, autocast_dtype=amp, show_progress=show_progress,
+    )  # fmt: skip
+    result = {
+        "model": os.fspath(model_dir),
+        "data": {"source": os.fspath(data), "store": os.fspath(corpus.path), "split": "val", "tokens": corpus.val.num_tokens, "documents": corpus.val.num_documents},
+        "device": str(where),
+        "autocast": None if amp is None else str(amp).replace("torch.", ""),
+        "batch_size": batch_size,
+        "max_rows": max_rows,
+        **result,
+        "seconds": time.perf_counter() - began,
+        "title": f"{model_dir.parent.name}/{model_dir.name} on {Path(os.fspath(data)).name} (val)",
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    if plot:
+        plot_position_curves(result, out.with_suffix(".png"))
+    return result
+
+
+def _model_config(model_dir: Path) -> dict:
+    return json.loads((model_dir / "config.json").read_text())
+
+
+def format_table(result: dict) -> str:
+    """A plain-text summary: one line per context length."""
+    train = result.get("train_seq_len")
+    lines = [f"{'context':>8} {'targets':>10} {'loss':>8} {'ppl':>10}" + (f" {'ppl<' + str(train):>12} {'ppl>=' + str(train):>12}" if train else "")]
+    for entry in result["contexts"]:
+        line = f"{entry['seq_len']:>8} {entry['targets']:>10} {entry['loss']:>8.4f} {entry['ppl']:>10.3f}"
+        if train:
+            beyond = entry.get("ppl_beyond_train_len")
+            line += f" {entry['ppl_within_train_len']:>12.3f} " + (f"{beyond:>12.3f}" if beyond is not None else f"{'-':>12}")
+        lines.append(line)
+    return "\n".join(lines)
