@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Everything a GPU call runs, by stage: bash benchmarks/gpu_session.sh STAGE [STAGE ...]
+#
+# Expects (see GUIDE §6): fla 0.6.0 wheels in .whl/ (../shared/tools/device-wheels.sh), the
+# Triton cache in .tcache/ (../shared/tools/triton-cache.sh init), the prepared Shakespeare
+# token store in .data/shakespeare (srope data prepare shakespeare, then copy the store).
+# Results go to gpu_results/ and come back as $OUT/results.tgz with the Triton cache.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
+source .tcache/use.sh
+R=gpu_results
+mkdir -p $R
+log() { echo "== $(date +%T) $*"; }
+run() { local limit=$1; shift; log "$*"; timeout "$limit" "$@" 2>&1 | tail -n 40; echo "exit ${PIPESTATUS[0]}"; }
+FAST="python benchmarks/fast_autotune.py"  # correctness only: one autotune candidate per kernel
+
+stage_checks() {
+  run 120 python benchmarks/check_cuda_rotary.py --out $R/rotary_checks_h200.json
+  run 150 python -m pytest tests/triton -m gpu -q -x -p no:cacheprovider
+  run 240 $FAST benchmarks/check_cuda_models.py --out $R/models_cuda_h200.json
+  run 200 $FAST benchmarks/check_cuda_mixers.py --skip-timings --out $R/mixers_checks_h200.json
+}
+
+stage_bench() {
+  run 200 python benchmarks/bench_op.py --out $R/op_h200.json
+  run 150 python benchmarks/bench_layer.py --out $R/layer_h200.json
+  run 120 python benchmarks/bench_model.py --preset gla-370m --out $R/model_h200.json
+  run 120 python benchmarks/check_cuda_mixers.py --skip-checks --out $R/mixers_timings_h200.json
+}
+
+stage_lm() {  # a small GLA on Shakespeare: NoPE / RoPE / SRoPE, lr chosen per PE, ppl beyond the context
+  for pe in nope rope selective_rope; do
+    run 150 $FAST -m srope sweep-lr --preset gla-370m --position $pe --data .data/shakespeare --max-steps 300 \
+      --lrs 1e-3,2e-3,4e-3 --out $R/lm/$pe --set model.num_hidden_layers=4 --set seq_len=512 \
+      --set global_batch_size=32 --set checkpoint_every=10000 --set eval_rows=128 --set tensorboard=false
+  done
+  python - <<'PY'
+import json, pathlib
+for pe in ("nope", "rope", "selective_rope"):
+    sweep = pathlib.Path(f"gpu_results/lm/{pe}/sweep.json")
+    if sweep.exists():
+        print(pe, json.loads(sweep.read_text()).get("chosen"))
+PY
+  for pe in nope rope selective_rope; do
+    best=$(python -c "import json;print(json.load(open('$R/lm/$pe/sweep.json'))['chosen']['dir'])" 2>/dev/null) || continue
+    run 90 $FAST -m srope eval --model "$R/lm/$pe/$best" --seq-len 512 1024 2048 4096 --max-rows 64 --out $R/lm/$pe-eval.json
+  done
+}
+
+stage_parity() {
+  for pe in nope rope selective_rope; do
+    run 150 $FAST -m srope synth state_tracking --device cuda --position $pe --no-progress \
+      --set seeds=0 --set train_size=200000 --set eval_size=2000 --set epochs=4 --out $R/synthetic/parity-$pe
+  done
+}
+
+for stage in "$@"; do "stage_$stage"; done
+log "packing results"
+find $R \( -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.jsonl' \) -not -path '*/checkpoints/*' -not -path '*/model/*' \
+  | tar czf "$OUT/results.tgz" -T -
+bash .tcache/pack.sh
