@@ -109,19 +109,8 @@ def rope_errors(dtype: torch.dtype) -> dict:
 
 
 def fused_decode_step(module, q, k, x, state):
-    """The module's cached decode path through the fused kernel (the wiring in the report)."""
-    from srope.ops.reference import compute_dtype
-    from srope.ops.triton.decode import selective_rope_decode_step
-
-    x_hat = module.normalized_input(x)
-    u = module.project(x_hat)
-    gate = None if module.gate is None else torch.sigmoid(module.gate(x_hat.flatten(-2)))
-    temperature = module.temperature(compute_dtype(q.dtype, u.dtype), q.device)
-    q, k, conv, phase = selective_rope_decode_step(
-        q, k, u, state.conv, module.conv.kernel().to(u.device), state.phase, temperature,
-        conv_bias=module.conv.bias, activation=module.conv.activation, bias=module.bias, gate=gate,
-    )
-    return q, k, type(state)(conv, phase)
+    """The module's cached decode path through the fused kernel."""
+    return module.decode_step(q, k, x, state)
 
 
 def decode_errors(dtype: torch.dtype) -> dict:

@@ -170,41 +170,52 @@ class SelectiveRoPE(PositionEncoding):
         return self._temperatures[key]
 
     def normalized_input(self, x: torch.Tensor) -> torch.Tensor:
-        """x̂: the block input ℓ2-normalised per head chunk, ``[B, T, Hk, hidden/Hk]``."""
+        """x̂: the block input ℓ2-normalised per head chunk, ``[B, T, Hk, hidden/Hk]``, in
+        max(float32, x.dtype)."""
         chunks = x.unflatten(-1, (self.num_heads, -1)).to(compute_dtype(x.dtype))
-        return (chunks * torch.rsqrt(chunks.square().sum(-1, keepdim=True) + self.norm_eps)).to(x.dtype)
+        return chunks * torch.rsqrt(chunks.square().sum(-1, keepdim=True) + self.norm_eps)
 
     def project(self, x_hat: torch.Tensor) -> torch.Tensor:
         """The ω projection, ``[B, T, Hk, chunk] -> [B, T, Hk·R]``."""
         if self.projection == "low-rank":
-            return self.proj(x_hat.flatten(-2))
-        weight = self.proj_weight
+            return _linear(self.proj, x_hat.flatten(-2))
+        weight = self.proj_weight.to(x_hat.dtype)
         if self.weight_norm:
-            weight = self.proj_gain[:, None, None] * weight / weight.norm(dim=1, keepdim=True)
-        return torch.einsum("bthi,hir->bthr", x_hat, weight.to(x_hat.dtype)).flatten(-2)
+            weight = self.proj_gain.to(x_hat.dtype)[:, None, None] * weight / weight.norm(dim=1, keepdim=True)
+        return torch.einsum("bthi,hir->bthr", x_hat, weight).flatten(-2)
 
     def phase_increments(
         self, x: torch.Tensor, layout: RowLayout, conv_state: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """φ ``[B, T, Hk, R]`` from the block input, and the conv's final state."""
-        x_hat = self.normalized_input(x)
-        phi, conv_state = self.conv(self.project(x_hat), layout, conv_state)
-        phi = phi.unflatten(-1, (self.num_heads, self.pairs))
-        if self.bias is not None:
-            phi = phi + torch.exp(self.bias).to(phi.dtype)
-        if self.gate is not None:
-            gate = torch.sigmoid(self.gate(x_hat.flatten(-2)))
-            phi = phi * (gate.unflatten(-1, (self.num_heads, self.pairs)) if self.gate_type == "per-channel" else gate[..., None])
+        """φ ``[B, T, Hk, R]`` from the block input, and the conv's final state.
+
+        Computed in max(float32, x.dtype) with autocast off: the increments are summed over
+        the whole sequence, so bf16 rounding of each would accumulate into the angles. The
+        generator is a small part of a layer's work (see benchmarks/results)."""
+        with torch.autocast(x.device.type, enabled=False):
+            x_hat = self.normalized_input(x)
+            phi, conv_state = self.conv(self.project(x_hat), layout, conv_state)
+            phi = phi.unflatten(-1, (self.num_heads, self.pairs))
+            if self.bias is not None:
+                phi = phi + torch.exp(self.bias).to(phi.dtype)
+            if self.gate is not None:
+                gate = self.phase_gate(x_hat)
+                phi = phi * (gate.unflatten(-1, (self.num_heads, self.pairs)) if self.gate_type == "per-channel" else gate[..., None])
         return phi, conv_state
+
+    def phase_gate(self, x_hat: torch.Tensor) -> torch.Tensor:
+        """``sigmoid(...)`` of the normalised input: ``[B, T, Hk]`` or ``[B, T, Hk·R]`` (per-channel)."""
+        return torch.sigmoid(_linear(self.gate, x_hat.flatten(-2)))
 
     def decode_step(self, q, k, x, state: SelectiveRoPEState):
         """One token per sequence (q/k ``[N,1,..]``, x ``[N,1,hidden]``) through the fused
         Triton step: conv window, activation, bias, gate, phase, rotation in one launch."""
         from srope.ops.triton import selective_rope_decode_step
 
-        x_hat = self.normalized_input(x)
-        u = self.project(x_hat)
-        gate = None if self.gate is None else torch.sigmoid(self.gate(x_hat.flatten(-2)))
+        with torch.autocast(x.device.type, enabled=False):
+            x_hat = self.normalized_input(x)
+            u = self.project(x_hat)
+            gate = None if self.gate is None else self.phase_gate(x_hat)
         temperature = self.temperature(compute_dtype(q.dtype, u.dtype), q.device)
         q, k, conv, phase = selective_rope_decode_step(
             q, k, u, state.conv, self.conv.kernel().to(u.device), state.phase, temperature,
@@ -247,3 +258,12 @@ class SelectiveRoPE(PositionEncoding):
             f"pairs={self.pairs}, projection={self.projection}, gate={self.gate_type}, "
             f"bias={self.bias is not None}, spectrum={self.spectrum_kind} {self.spectrum_args}"
         )
+
+
+def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A ``Linear`` or a ``Sequential`` of them, computed in ``x``'s dtype whatever the
+    parameters' dtype (a bf16-cast model still makes float32 phases)."""
+    for layer in module if isinstance(module, nn.Sequential) else (module,):
+        bias = None if layer.bias is None else layer.bias.to(x.dtype)
+        x = nn.functional.linear(x, layer.weight.to(x.dtype), bias)
+    return x

@@ -186,6 +186,8 @@ def gated_delta_rule(
     common.check_state(initial_state, count, heads, key_dim, v.shape[-1])
 
     problem = common.fla_dtype_problem(q, beta, log_decay)
+    if problem is None and log_decay is None and q.dtype == torch.float32 and length > 64:
+        problem = "fla's chunk_delta_rule (DeltaNet, no decay) does not support float32"
     if problem is None and max(key_dim, v.shape[-1]) > common.FLA_MAX_HEAD_DIM:
         problem = f"fla's delta-rule kernels take head dims <= {common.FLA_MAX_HEAD_DIM}, got K={key_dim}, V={v.shape[-1]}"
     grad = common.needs_grad(q, k, v, beta, log_decay, initial_state)
