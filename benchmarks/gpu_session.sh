@@ -22,6 +22,10 @@ stage_checks() {
   run 200 $FAST benchmarks/check_cuda_mixers.py --skip-timings --out $R/mixers_checks_h200.json
 }
 
+stage_models() {
+  run 200 $FAST benchmarks/check_cuda_models.py --out $R/models_cuda_h200.json
+}
+
 stage_bench() {
   run 200 python benchmarks/bench_op.py --out $R/op_h200.json
   run 150 python benchmarks/bench_layer.py --out $R/layer_h200.json
@@ -31,8 +35,8 @@ stage_bench() {
 
 stage_lm() {  # a small GLA on Shakespeare: NoPE / RoPE / SRoPE, lr chosen per PE, ppl beyond the context
   for pe in nope rope selective_rope; do
-    run 150 $FAST -m srope sweep-lr --preset gla-370m --position $pe --data .data/shakespeare --max-steps 300 \
-      --lrs 1e-3,2e-3,4e-3 --out $R/lm/$pe --set model.num_hidden_layers=4 --set seq_len=512 \
+    run 110 $FAST -m srope sweep-lr --preset gla-370m --position $pe --data .data/shakespeare --max-steps 200 \
+      --lrs 1e-3,3e-3 --out $R/lm/$pe --set model.num_hidden_layers=4 --set seq_len=512 \
       --set global_batch_size=32 --set checkpoint_every=10000 --set eval_rows=128 --set tensorboard=false
   done
   python - <<'PY'
@@ -44,7 +48,7 @@ for pe in ("nope", "rope", "selective_rope"):
 PY
   for pe in nope rope selective_rope; do
     best=$(python -c "import json;print(json.load(open('$R/lm/$pe/sweep.json'))['chosen']['dir'])" 2>/dev/null) || continue
-    run 90 $FAST -m srope eval --model "$R/lm/$pe/$best" --seq-len 512 1024 2048 4096 --max-rows 64 --out $R/lm/$pe-eval.json
+    run 50 $FAST -m srope eval --model "$R/lm/$pe/$best" --seq-len 512 1024 2048 --max-rows 32 --out $R/lm/$pe-eval.json
   done
 }
 
