@@ -54,8 +54,8 @@ PY
 
 stage_parity() {
   for pe in nope rope selective_rope; do
-    run 150 $FAST -m srope synth state_tracking --device cuda --position $pe --no-progress \
-      --set seeds=0 --set train_size=200000 --set eval_size=2000 --set epochs=4 --out $R/synthetic/parity-$pe
+    run 85 $FAST -m srope synth state_tracking --device cuda --position $pe --no-progress \
+      --set seeds=0 --set train_size=100000 --set eval_size=1000 --set epochs=4 --out $R/synthetic/parity-$pe
   done
 }
 
