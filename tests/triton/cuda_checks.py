@@ -113,6 +113,16 @@ def fused_decode_step(module, q, k, x, state):
     return module.decode_step(q, k, x, state)
 
 
+def unfused_step(module, q, k, x, state):
+    """The same step through the module's unfused path (the reference for the fused one;
+    on CUDA the module would otherwise take the fused kernel itself)."""
+    module.fused_decode = False
+    try:
+        return module(q, k, x, state=state, use_cache=True)
+    finally:
+        module.fused_decode = True
+
+
 def decode_errors(dtype: torch.dtype) -> dict:
     """GLA-370M-like generator (hidden 1024, 4 heads, D 128): prefill 16 tokens with the
     module, then 4 steps with the module's path and with the fused step; worst errors."""
@@ -130,7 +140,7 @@ def decode_errors(dtype: torch.dtype) -> dict:
         torch_state = fused_state = state
         for t in range(16, 20):
             sl = slice(t, t + 1)
-            q_ref, k_ref, torch_state = module(q[:, sl], k[:, sl], x[:, sl], state=torch_state, use_cache=True)
+            q_ref, k_ref, torch_state = unfused_step(module, q[:, sl], k[:, sl], x[:, sl], torch_state)
             q_out, k_out, fused_state = fused_decode_step(module, q[:, sl], k[:, sl], x[:, sl], fused_state)
             worst["q"] = max(worst["q"], rel_err(q_out, q_ref))
             worst["k"] = max(worst["k"], rel_err(k_out, k_ref))

@@ -29,6 +29,7 @@ def make_module(config, seed, hidden=16, heads=2, head_dim=8):
 
 
 fused_step = cuda_checks.fused_decode_step  # the wiring the module's cached decode path uses
+unfused_step = cuda_checks.unfused_step
 
 
 def decode_inputs(module, dtype, device, batch=3, prefill=5, steps=4, heads=4, key_heads=2):
@@ -54,7 +55,7 @@ def test_decode_steps_match_the_module(name, dtype, device):
     with torch.no_grad():
         for t in steps:
             sl = slice(t, t + 1)
-            q_ref, k_ref, torch_state = module(q[:, sl], k[:, sl], x[:, sl], state=torch_state, use_cache=True)
+            q_ref, k_ref, torch_state = unfused_step(module, q[:, sl], k[:, sl], x[:, sl], torch_state)
             q_out, k_out, fused_state = fused_step(module, q[:, sl], k[:, sl], x[:, sl], fused_state)
             assert q_out.dtype == dtype and k_out.dtype == dtype
             assert rel_err(q_out, q_ref) < tol and rel_err(k_out, k_ref) < tol, (t, rel_err(q_out, q_ref))

@@ -135,6 +135,9 @@ class SelectiveRoPE(PositionEncoding):
             self.gate = None
         self.bias = nn.Parameter(torch.zeros(num_heads, self.pairs)) if bias else None
         self.learned_temperature = nn.Parameter(torch.empty(num_heads, self.pairs)) if learnable_temperature else None
+        # Cached one-token steps on CUDA (no grad) take the fused Triton kernel; set False to
+        # run the step through the unfused path (the tests compare the two).
+        self.fused_decode = True
         self.reset_parameters()
 
     @torch.no_grad()
@@ -239,7 +242,10 @@ class SelectiveRoPE(PositionEncoding):
             width = (count, self.num_heads * self.pairs, self.conv.state_width)
             self.check_state(state, SelectiveRoPEState, {"conv": width, "phase": (count, self.num_heads, self.pairs)})
             conv_state, offset = state
-            if q.shape[1] == 1 and q.is_cuda and cu_seqlens is None and attention_mask is None and not torch.is_grad_enabled():
+            if (
+                self.fused_decode and q.shape[1] == 1 and q.is_cuda and cu_seqlens is None
+                and attention_mask is None and not torch.is_grad_enabled()
+            ):
                 q, k, new_state = self.decode_step(q, k, x, state)
                 return q, k, new_state if use_cache else None
         layout = RowLayout(*q.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
