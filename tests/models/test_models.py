@@ -182,6 +182,26 @@ def test_presets_build_on_meta_device(name):
         assert 3.5e8 < count < 4.1e8, count
 
 
+@pytest.mark.parametrize("mixer", ["gla", "attention"])
+def test_generate_from_inputs_embeds(mixer):
+    model = tiny_model(mixer, "selective_rope")
+    prompt = tokens(1, 6, seed=6)
+    from_ids = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    from_embeds = model.generate(inputs_embeds=model.get_input_embeddings()(prompt), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(from_embeds[:, -4:], from_ids[:, -4:])
+
+
+def test_cache_only_where_useful_and_empty_input_rejected():
+    model = tiny_model("attention", "rope")
+    ids = tokens(1, 8, seed=7)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    assert getattr(model(ids, cu_seqlens=cu), CACHE_FIELD) is None  # packed: no cache unless asked
+    assert getattr(model.train()(ids), CACHE_FIELD) is None  # training: no cache unless asked
+    assert getattr(model.eval()(ids), CACHE_FIELD) is not None
+    with pytest.raises(ValueError, match="at least one token"):
+        model(ids[:, :0])
+
+
 BAD_CONFIGS = [
     (dict(mixer="mamba"), "mixer must be one of"),
     (dict(position={"type": "alibi"}), r"position\['type'\] must be one of"),
@@ -194,6 +214,8 @@ BAD_CONFIGS = [
     (dict(position={"type": "selective_rope", "rotary_dim": 10}), "even rotary dimension"),
     (dict(flux_capacitor=True), r"unknown SRopeConfig option\(s\): \['flux_capacitor'\]"),
     (dict(hidden_size=0), "hidden_size must be a positive integer"),
+    (dict(mixer="gated_deltanet", num_kv_heads=1), "no grouped keys"),
+    (dict(mixer="gla", head_dim=8), "leave head_dim unset"),
 ]
 
 

@@ -3,6 +3,7 @@ packed documents, the NaN guard, optimiser groups and the schedule."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -105,6 +106,22 @@ def test_documents_packing_loss_is_per_document(store):
         logits = model(input_ids[:, s:e], use_cache=False).logits[0]
         separate += torch.nn.functional.cross_entropy(logits, labels[0, s:e], ignore_index=-100, reduction="sum")
     assert abs(total.item() - separate.item()) < 1e-4 * abs(separate.item())
+
+
+def test_resume_refuses_changed_settings(store, tmp_path):
+    config = TrainConfig(data=store, max_steps=4, lr=3e-3, **SMALL)
+    train(config, tmp_path, stop_after=2)
+    with pytest.raises(ValueError, match="settings differ"):
+        train(dataclasses.replace(config, lr=1e-3), tmp_path, resume=True)
+    train(dataclasses.replace(config, checkpoint_every=1), tmp_path, resume=True)  # bookkeeping may change
+
+
+def test_grad_clip_zero_means_no_clipping(store, tmp_path):
+    a = train(TrainConfig(data=store, max_steps=2, lr=3e-3, grad_clip=0, **SMALL), tmp_path / "off")
+    b = train(TrainConfig(data=store, max_steps=2, lr=3e-3, grad_clip=1e30, **SMALL), tmp_path / "huge")
+    assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"]
+    with pytest.raises(ValueError, match="grad_clip must be >= 0"):
+        TrainConfig(grad_clip=-1).resolved()
 
 
 def test_nan_guard_stops_with_the_step(store, tmp_path):

@@ -114,3 +114,16 @@ def test_decode_step_bad_inputs(name, overrides, error, match, device):
     overrides = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in overrides.items()}
     with pytest.raises(error, match=match):
         selective_rope_decode_step(**_args(device, **overrides))
+
+
+def test_long_decode_with_bias_in_a_bf16_cast_model_tracks_prefill(device):
+    """200 fused steps of a bf16-cast module with a bias keep the phase of one prefill
+    (exp(b) must be rounded the same way in the kernel and in the module)."""
+    module = make_module(CONFIGS["no-act-per-channel-gate-bias"], seed=3).to(device=device, dtype=torch.bfloat16)
+    q, k, x, state, _ = decode_inputs(module, torch.bfloat16, device, batch=2, prefill=1, steps=200)
+    with torch.no_grad():
+        _, _, full = module(q, k, x, use_cache=True)
+        for t in range(1, 201):
+            sl = slice(t, t + 1)
+            _, _, state = fused_step(module, q[:, sl], k[:, sl], x[:, sl], state)
+    assert (state.phase - full.phase).abs().max().item() < 1e-3

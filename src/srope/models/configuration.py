@@ -147,6 +147,10 @@ class SRopeConfig(PretrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.mixer == "gated_deltanet" and self.num_kv_heads not in (None, self.num_heads):
+            raise ValueError("gated_deltanet has no grouped keys: leave num_kv_heads unset (or equal to num_heads)")
+        if self.mixer == "gla" and self.head_dim is not None:
+            raise ValueError("gla sizes its heads with expand_k / expand_v: leave head_dim unset")
         heads, kv_heads, head_dim = self.key_geometry()
         if kv_heads < 1 or heads % kv_heads:
             raise ValueError(f"num_heads ({heads}) must be a multiple of num_kv_heads ({kv_heads})")

@@ -74,6 +74,7 @@ class SRopeCache:
     def __init__(self, num_layers: int):
         self.layers: list[LayerState | None] = [None] * num_layers
         self.seen_tokens = 0
+        self.embedded_prompt = 0  # prompt tokens given as inputs_embeds, absent from generate's input_ids
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -172,7 +173,10 @@ class SRopeModel(SRopePreTrainedModel):
             raise ValueError(f"input_ids must be [B, T] (inputs_embeds [B, T, hidden]), got {tuple(h.shape[:-1])}")
         batch, length = h.shape[:2]
         cache = cache if cache is not None else past_key_values
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if length < 1:
+            raise ValueError("input_ids must hold at least one token per row (T >= 1)")
+        if use_cache is None:  # a cache only where one is useful: inference on unpacked batches
+            use_cache = self.config.use_cache and not self.training and cu_seqlens is None
         if cache is not None and not isinstance(cache, SRopeCache):
             raise TypeError(f"cache must be an SRopeCache (returned by a previous call), got {type(cache).__name__}")
         if use_cache and cache is None:
@@ -258,8 +262,12 @@ class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids, cache=None, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs):
         cache = cache if cache is not None else past_key_values
+        if cache is None and inputs_embeds is not None and use_cache:
+            # The prompt comes as embeddings: input_ids will hold only the generated tokens.
+            cache = SRopeCache(len(self.model.layers))
+            cache.embedded_prompt = inputs_embeds.shape[1] - input_ids.shape[1]
         if cache is not None and cache.seen_tokens > 0:
-            input_ids = input_ids[:, cache.seen_tokens :]
+            input_ids = input_ids[:, cache.seen_tokens - cache.embedded_prompt :]
         elif inputs_embeds is not None:
             return {"inputs_embeds": inputs_embeds, "attention_mask": attention_mask, "use_cache": use_cache, "cache": cache}
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": use_cache, "cache": cache}

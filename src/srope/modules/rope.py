@@ -37,14 +37,19 @@ class RoPE(PositionEncoding):
         if not theta > 0:
             raise ValueError(f"theta must be positive, got {theta}")
         self.head_dim, self.rotary_dim, self.theta = head_dim, rotary_dim, float(theta)
+        self._inv_freq: dict = {}
 
     @property
     def pairs(self) -> int:
         return self.rotary_dim // 2
 
     def inv_freq(self, device=None) -> torch.Tensor:
-        """The ``[rotary_dim / 2]`` float64 frequencies (computed from the config, never cast)."""
-        return rope_inverse_frequencies(self.rotary_dim, self.theta).to(device)
+        """The ``[rotary_dim / 2]`` float64 frequencies (computed from the config, never cast;
+        cached per device in a plain dict that ``.to()`` cannot reach)."""
+        key = torch.device(device) if device is not None else torch.device("cpu")
+        if key not in self._inv_freq:
+            self._inv_freq[key] = rope_inverse_frequencies(self.rotary_dim, self.theta).to(key)
+        return self._inv_freq[key]
 
     def forward(self, q, k, x=None, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False):
         count = self.check_inputs(q, k, x, attention_mask, cu_seqlens)

@@ -138,6 +138,9 @@ class SelectiveRoPE(PositionEncoding):
         # Cached one-token steps on CUDA (no grad) take the fused Triton kernel; set False to
         # run the step through the unfused path (the tests compare the two).
         self.fused_decode = True
+        for param in (self.bias, self.learned_temperature, getattr(self, "proj_gain", None)):
+            if param is not None:
+                param._no_weight_decay = True
         self.reset_parameters()
 
     @torch.no_grad()
@@ -200,7 +203,7 @@ class SelectiveRoPE(PositionEncoding):
             phi, conv_state = self.conv(self.project(x_hat), layout, conv_state)
             phi = phi.unflatten(-1, (self.num_heads, self.pairs))
             if self.bias is not None:
-                phi = phi + torch.exp(self.bias).to(phi.dtype)
+                phi = phi + torch.exp(self.bias.to(phi.dtype))
             if self.gate is not None:
                 gate = self.phase_gate(x_hat)
                 phi = phi * (gate.unflatten(-1, (self.num_heads, self.pairs)) if self.gate_type == "per-channel" else gate[..., None])

@@ -31,6 +31,10 @@ from srope.train.distributed import World, close_world, init_world, unwrap, wrap
 from srope.train.optim import build_optimizer, warmup_cosine
 
 
+# Settings a resumed run may change (they do not affect the numbers computed).
+RESUME_MAY_CHANGE = {"checkpoint_every", "log_every", "eval_every", "tensorboard", "device", "cache"}
+
+
 @dataclass
 class TrainConfig:
     """Everything a run depends on. ``None`` sizes come from the preset's training defaults."""
@@ -78,6 +82,8 @@ class TrainConfig:
         for name in ("max_steps", "seq_len", "global_batch_size", "checkpoint_every", "log_every", "eval_rows"):
             if not isinstance(getattr(out, name), int) or getattr(out, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(out, name)!r}")
+        if not (isinstance(out.grad_clip, (int, float)) and out.grad_clip >= 0):
+            raise ValueError(f"grad_clip must be >= 0 (0: no clipping), got {out.grad_clip!r}")
         if out.packing not in ("concat", "documents"):
             raise ValueError(f"packing must be 'concat' or 'documents', got {out.packing!r}")
         if out.dtype not in ("auto", "float32", "bfloat16"):
@@ -221,8 +227,9 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         if latest is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
         state = load_checkpoint(latest, model, optimizer, world)
-        if state["config"]["max_steps"] != config.max_steps:
-            raise ValueError(f"--resume: the run was started with max_steps={state['config']['max_steps']}, not {config.max_steps} (it fixes the schedule)")
+        changed = {k: (v, asdict(config)[k]) for k, v in state["config"].items() if k not in RESUME_MAY_CHANGE and asdict(config).get(k) != v}
+        if changed:
+            raise ValueError(f"--resume: settings differ from the run's: {changed} (started with, now); resume with the same settings")
         loader.load_state_dict(state["data"])
         start = state["step"]
     elif latest_checkpoint(out) is not None:
@@ -257,7 +264,7 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
                 # DDP averages gradients over ranks; scale so the result is the global token mean.
                 (part_loss * (world.size / targets.to(part_loss.dtype))).backward()
             loss_sum += part_loss.detach().double()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip or float("inf"))
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2: a DTensor
         loss = float(world.sum(loss_sum) / targets)
         for name, value in (("loss", loss), ("grad_norm", float(grad_norm))):

@@ -1,0 +1,225 @@
+"""``srope demo``: a tiny run end to end, argument checks, and the metric recomputed by XOR."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from srope import demo
+from srope.tasks import state_tracking
+from srope.tasks.groups import get_group
+
+BOS = state_tracking.bos_id(get_group("S2"))
+
+# A few seconds of CPU: a 16-wide GLA, lengths 6 then 9 (odd, not a multiple of the GLA
+# chunk), evaluation at 4x the training length.
+TINY = dataclasses.replace(
+    demo.CPU,
+    name="tiny",
+    model={"hidden_size": 16, "num_hidden_layers": 1, "num_heads": 2, "expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True},
+    curriculum=((6, 4), (9, 4)),
+    batch_size=8,
+    warmup_steps=2,
+    eval_len=36,
+    eval_size=24,
+    eval_batch_size=10,
+)
+
+
+def parity_targets(bits: np.ndarray) -> np.ndarray:
+    """``[N, L+1]`` targets for ``[N, L]`` bits: BOS, then the XOR of the bits so far."""
+    states = np.bitwise_xor.accumulate(bits.astype(np.int64), axis=1)
+    return np.concatenate([np.full((len(bits), 1), BOS), states], axis=1)
+
+
+def test_tiny_demo_writes_results_and_plot(tmp_path, capsys):
+    results = demo.run_demo(tmp_path / "out", device="cpu", seed=3, config=TINY, progress=False)
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved == json.loads(json.dumps(results))
+    assert saved["task"] == "parity" and saved["device"] == "cpu" and saved["seed"] == 3
+    assert saved["train_len"] == 9 and saved["eval_len"] == 36
+    assert saved["seconds"] > 0 and saved["cpu_seconds"] > 0
+    assert set(saved["results"]) == {"nope", "rope", "selective_rope"}
+    counts = {}
+    for kind, run in saved["results"].items():
+        assert set(run["seq_acc"]) == {"train", "eval"}
+        assert all(0.0 <= v <= 1.0 for v in [*run["seq_acc"].values(), *run["token_acc"].values()])
+        assert run["curve"]["length"] == list(range(1, 37)) and len(run["curve"]["seq_acc"]) == 36
+        curve = np.array(run["curve"]["seq_acc"])
+        assert np.all(np.diff(curve) <= 0), "a prefix accuracy cannot grow with the prefix length"
+        assert curve[-1] == pytest.approx(run["seq_acc"]["eval"])
+        assert len(run["loss"]) == TINY.steps and run["finite"]
+        counts[kind] = (run["parameters"], run["position_parameters"])
+    # Same model up to the position encoding's own parameters (NoPE and RoPE have none).
+    assert counts["nope"] == counts["rope"] == (counts["nope"][0], 0)
+    assert counts["selective_rope"][0] - counts["selective_rope"][1] == counts["nope"][0] > 0
+    assert saved["eval_sequences"]["train"] + saved["eval_sequences"]["eval"] + saved["eval_sequences"]["dropped_seen_in_training"] == 2 * TINY.eval_size
+    assert set(saved["targets"]) == {"selective_rope_learns", "selective_rope_extrapolates", "nope_fails", "rope_fails"}
+    png = (tmp_path / "out" / "parity.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    printed = capsys.readouterr().out
+    for label in ("NoPE", "RoPE", "Selective RoPE", "seq_acc@9", "seq_acc@36"):
+        assert label in printed
+
+
+def test_parallel_workers_match_sequential(tmp_path):
+    """Models trained in worker processes (1 thread each) equal those trained in this one."""
+    config = dataclasses.replace(TINY, curriculum=((7, 5),), eval_len=28)
+    one = demo.run_demo(tmp_path / "one", seed=1, config=config, workers=1, progress=False)
+    three = demo.run_demo(tmp_path / "three", seed=1, config=config, workers=3, progress=False)
+    assert three["workers"] == 3 and three["threads_per_worker"] >= 1
+    for kind in demo.POSITIONS:
+        np.testing.assert_allclose(three["results"][kind]["loss"], one["results"][kind]["loss"], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"out": 3}, TypeError, "out must be a folder path"),
+        ({"out": ""}, ValueError, "non-empty"),
+        ({"device": "tpu"}, ValueError, r"device must be one of \('cpu', 'cuda'\)"),
+        ({"device": 0}, TypeError, "device must be a string"),
+        ({"seed": -1}, ValueError, r"seed must be in \[0, 2\*\*32\)"),
+        ({"seed": 2**32}, ValueError, r"seed must be in \[0, 2\*\*32\)"),
+        ({"seed": 1.5}, TypeError, "seed must be an integer"),
+        ({"seed": True}, TypeError, "seed must be an integer"),
+        ({"preset": "gpu"}, ValueError, "preset must be one of"),
+        ({"workers": 0}, ValueError, r"workers must be None \(automatic\) or an integer in \[1, 3\]"),
+        ({"workers": 4}, ValueError, r"in \[1, 3\]"),
+        ({"config": {"lr": 1e-3}}, TypeError, "config must be a DemoConfig"),
+        ({"config": dataclasses.replace(TINY, eval_len=8)}, ValueError, r"eval_len \(8\) must be >= the training length \(9\)"),
+        ({"config": dataclasses.replace(TINY, curriculum=())}, ValueError, "at least one"),
+        ({"config": dataclasses.replace(TINY, curriculum=((0, 5),))}, ValueError, "length >= 1, steps >= 1"),
+        ({"config": dataclasses.replace(TINY, warmup_steps=8)}, ValueError, r"warmup_steps must be in \[0, steps=8\)"),
+        ({"config": dataclasses.replace(TINY, lr=0.0)}, ValueError, "lr must be a positive number"),
+        ({"config": dataclasses.replace(TINY, betas=(0.9, 1.0))}, ValueError, "betas"),
+        ({"config": dataclasses.replace(TINY, eval_size=0)}, ValueError, "eval_size must be a positive integer"),
+    ],
+)
+def test_run_demo_rejects_bad_arguments(tmp_path, kwargs, error, match):
+    args = {"out": tmp_path / "never", "config": TINY, "progress": False, **kwargs}
+    with pytest.raises(error, match=match):
+        demo.run_demo(**args)
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised when no GPU is visible")
+def test_cuda_without_gpu_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="needs a visible CUDA GPU"):
+        demo.run_demo(tmp_path, device="cuda", config=TINY, progress=False)
+
+
+class ParityOracle(nn.Module):
+    """Logits of the true parity (by cumulative XOR), wrong on purpose at chosen places:
+    position ``3`` of every row whose first two bits are 1, 1, and position ``L`` of every
+    row that ends in 0."""
+
+    def forward(self, input_ids):
+        bits = (input_ids[:, 1:] == 1).long()
+        states = torch.cumsum(bits, dim=1) % 2
+        preds = torch.cat([torch.full_like(input_ids[:, :1], BOS), states], dim=1)
+        wrong = preds.clone()
+        wrong[:, 1:] = 1 - wrong[:, 1:]
+        corrupt = torch.zeros_like(preds, dtype=torch.bool)
+        corrupt[:, 3] = (bits[:, 0] == 1) & (bits[:, 1] == 1)
+        corrupt[:, -1] |= bits[:, -1] == 0
+        preds = torch.where(corrupt, wrong, preds)
+        return type("Output", (), {"logits": nn.functional.one_hot(preds, 4).float() * 5.0 - 1.0})()
+
+
+def test_metric_recomputed_by_xor():
+    data = demo.eval_sets(TINY, seed=5)
+    inputs, targets = data["eval"]
+    bits = inputs[:, 1:].astype(np.int64)
+    assert (inputs[:, 0] == BOS).all() and set(np.unique(bits)) <= {0, 1}
+    np.testing.assert_array_equal(targets, parity_targets(bits))
+
+    preds = demo.predict(ParityOracle(), inputs, batch_size=7, device=torch.device("cpu"))
+    scored = demo.score(preds, targets)
+    first_two_ones = (bits[:, 0] == 1) & (bits[:, 1] == 1)
+    ends_in_zero = bits[:, -1] == 0
+    length = bits.shape[1]
+    assert scored["seq_acc"] == pytest.approx(np.mean(~first_two_ones & ~ends_in_zero))
+    expected_curve = [np.mean(~first_two_ones) if t >= 3 else 1.0 for t in range(1, length + 1)]
+    expected_curve[-1] = np.mean(~first_two_ones & ~ends_in_zero)
+    np.testing.assert_allclose(scored["curve"], expected_curve)
+    errors = first_two_ones.sum() + ends_in_zero.sum()
+    assert scored["token_acc"] == pytest.approx(1 - errors / targets.size)
+
+
+def test_trained_model_accuracy_by_hand():
+    """The demo's score of a (briefly) trained model equals a by-hand count on a few sequences."""
+    model, losses = demo.train_model("selective_rope", TINY, seed=0, device="cpu")
+    assert losses.shape == (TINY.steps,) and np.isfinite(losses).all()
+    rng = np.random.default_rng(11)
+    bits = rng.integers(0, 2, size=(9, 21))
+    inputs = np.concatenate([np.full((9, 1), BOS), bits], axis=1)
+    with torch.no_grad():
+        logits = model(torch.as_tensor(inputs)).logits[..., :4]
+    preds = logits.argmax(-1).numpy()
+    truth = [[BOS] + [int(v) for v in np.cumsum(row) % 2] for row in bits]
+    by_hand = sum(all(int(p) == t for p, t in zip(row_p, row_t)) for row_p, row_t in zip(preds, truth)) / len(bits)
+    scored = demo.score(demo.predict(model, inputs, 4, torch.device("cpu")), parity_targets(bits))
+    assert scored["seq_acc"] == by_hand
+    assert scored["token_acc"] == pytest.approx(np.mean(preds == np.array(truth)))
+
+
+def test_shared_weights_start_equal():
+    models = {kind: demo.build_model(TINY, kind, seed=4) for kind in demo.POSITIONS}
+    states = {kind: model.state_dict() for kind, model in models.items()}
+    own = [name for name in states["selective_rope"] if ".position." in name]
+    assert own and not any(".position." in name for name in states["nope"])
+    assert set(states["nope"]) == set(states["rope"]) == set(states["selective_rope"]) - set(own)
+    for name, value in states["nope"].items():
+        assert torch.equal(states["rope"][name], value) and torch.equal(states["selective_rope"][name], value), name
+    other_seed = demo.build_model(TINY, "nope", seed=5).state_dict()
+    assert not torch.equal(other_seed["model.embeddings.weight"], states["nope"]["model.embeddings.weight"])
+
+
+def test_training_stream_is_shared_and_eval_rows_are_unseen():
+    # Length 4 has only 16 distinct sequences, so the training stream must contain eval rows.
+    config = dataclasses.replace(TINY, curriculum=((4, 6),), eval_len=4, eval_size=16)
+    first = [(x.copy(), y.copy()) for _, x, y in demo.train_batches(config, seed=2)]
+    again = [(x, y) for _, x, y in demo.train_batches(config, seed=2)]
+    other = [x for _, x, _ in demo.train_batches(config, seed=3)]
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(first, again))
+    assert not all(np.array_equal(a[0], b) for a, b in zip(first, other))
+    for x, y in first:
+        np.testing.assert_array_equal(y, parity_targets(x[:, 1:]))
+    data = demo.eval_sets(config, seed=2)
+    seen = {row.tobytes() for x, _ in first for row in x}
+    kept = [row for name in ("train", "eval") for row in data[name][0]]
+    assert data["dropped_seen_in_training"] > 0
+    assert len(kept) + data["dropped_seen_in_training"] == 2 * 16
+    assert not any(row.tobytes() in seen for row in kept)
+
+
+def test_schedule_and_curriculum():
+    config = dataclasses.replace(TINY, curriculum=((5, 3), (7, 2), (11, 5)), warmup_steps=2, lr=1e-2, min_lr_ratio=0.1)
+    assert config.steps == 10 and config.train_len == 11
+    assert [config.length_at(s) for s in range(10)] == [5, 5, 5, 7, 7, 11, 11, 11, 11, 11]
+    lrs = [config.lr_at(s) for s in range(10)]
+    assert lrs[0] == pytest.approx(5e-3) and lrs[1] == pytest.approx(1e-2)
+    progress = [(s - 2) / 8 for s in range(2, 10)]
+    np.testing.assert_allclose(lrs[2:], [1e-3 + 9e-3 * 0.5 * (1 + math.cos(math.pi * p)) for p in progress])
+    assert all(b <= a for a, b in zip(lrs[1:], lrs[2:]))
+
+
+def test_targets_and_table():
+    def fake(train, evl):
+        return {"seq_acc": {"train": train, "eval": evl}, "token_acc": {"train": 1.0, "eval": 1.0}, "parameters": 10, "final_loss": 0.5}
+
+    results = {"train_len": 128, "eval_len": 512, "device": "cpu", "seed": 0, "seconds": 12.0, "cpu_seconds": 20.0,
+               "results": {"nope": fake(0.0, 0.0), "rope": fake(0.1, 0.0), "selective_rope": fake(0.995, 0.95)}}
+    assert demo.check_targets(results) == {"selective_rope_learns": True, "selective_rope_extrapolates": True, "nope_fails": True, "rope_fails": True}
+    results["results"]["rope"] = fake(0.2, 0.0)
+    results["results"]["selective_rope"] = fake(0.98, 0.95)
+    assert demo.check_targets(results) == {"selective_rope_learns": False, "selective_rope_extrapolates": True, "nope_fails": True, "rope_fails": False}
+    table = demo.format_table(results)
+    assert "seq_acc@128" in table and "seq_acc@512" in table and "0.980" in table
