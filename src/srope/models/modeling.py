@@ -17,7 +17,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLinearAttention, LayerState
 from srope.models.configuration import SRopeConfig
 from srope.modules import PositionEncoding, ShortConvolution
-from srope.ops.rotary import check_cu_seqlens
+from srope.ops.checks import check_cu_seqlens
 
 
 def build_mixer(config: SRopeConfig) -> nn.Module:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from srope.ops.rotary import check_cu_seqlens
+from srope.ops.checks import check_cu_seqlens
 
 
 class PositionEncoding(nn.Module):

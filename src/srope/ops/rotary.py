@@ -14,6 +14,7 @@ import os
 import torch
 
 from srope.ops import reference
+from srope.ops.checks import check_backend, check_cu_seqlens, check_device, check_tensor
 
 BACKENDS = ("auto", "torch", "triton")
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -48,52 +49,12 @@ def _use_triton(backend: str, q: torch.Tensor) -> bool:
     return True
 
 
-def _check_tensor(name: str, value, *, rank: int | None = None, floating: bool = True) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if floating and not value.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
-    if rank is not None and value.dim() != rank:
-        raise ValueError(f"{name} must have {rank} dimensions, got shape {tuple(value.shape)}")
-
-
-def _check_device(device: torch.device, **tensors) -> None:
-    for name, value in tensors.items():
-        if value is not None and value.device != device:
-            raise ValueError(f"{name} is on {value.device} but q is on {device}; put all inputs on one device")
-
-
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-
-
-def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, length: int) -> int:
-    """Validate packed-sequence boundaries; return the number of sequences N."""
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
-    if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(
-            f"cu_seqlens must be a 1-D int32/int64 tensor [N+1] with N >= 1, got dtype "
-            f"{cu_seqlens.dtype} and shape {tuple(cu_seqlens.shape)}"
-        )
-    if batch != 1:
-        raise ValueError(f"packed batches (cu_seqlens) need batch size 1, got {batch}")
-    bounds = cu_seqlens.tolist()
-    if bounds[0] != 0 or bounds[-1] != length or any(b > a for a, b in zip(bounds[1:], bounds[:-1])):
-        raise ValueError(
-            f"cu_seqlens must be non-decreasing, start at 0 and end at the sequence length {length}; "
-            f"got {bounds if len(bounds) <= 12 else bounds[:6] + ['...'] + bounds[-3:]}"
-        )
-    return len(bounds) - 1
-
-
 def _check_qk(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int, int, int, int]:
-    _check_tensor("q", q, rank=4)
-    _check_tensor("k", k, rank=4)
+    check_tensor("q", q, rank=4)
+    check_tensor("k", k, rank=4)
     if q.dtype != k.dtype:
         raise TypeError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
-    _check_device(q.device, k=k)
+    check_device(q.device, k=k)
     batch, length, heads, head_dim = q.shape
     if k.shape[0] != batch or k.shape[1] != length or k.shape[3] != head_dim:
         raise ValueError(f"k must be [B, T, Hk, D] = [{batch}, {length}, Hk, {head_dim}] like q, got {tuple(k.shape)}")
@@ -138,10 +99,10 @@ def selective_rope(
         token t is ``temperature · Φ_t`` with ``Φ_t = offset + Σ_{s≤t} phi_s``.
     """
     batch, length, _, key_heads, head_dim = _check_qk(q, k)
-    _check_tensor("phi", phi, rank=4)
-    _check_tensor("temperature", temperature)
-    _check_device(q.device, phi=phi, temperature=temperature, offset=offset, cu_seqlens=cu_seqlens)
-    _check_backend(backend)
+    check_tensor("phi", phi, rank=4)
+    check_tensor("temperature", temperature)
+    check_device(q.device, phi=phi, temperature=temperature, offset=offset, cu_seqlens=cu_seqlens)
+    check_backend(backend, BACKENDS)
     rot = phi.shape[3]
     if tuple(phi.shape[:3]) != (batch, length, key_heads):
         raise ValueError(f"phi must be [B, T, Hk, R] = [{batch}, {length}, {key_heads}, R], got {tuple(phi.shape)}")
@@ -151,7 +112,7 @@ def selective_rope(
         raise ValueError(f"temperature must be [R] = [{rot}] or [Hk, R] = [{key_heads}, {rot}], got {tuple(temperature.shape)}")
     count = batch if cu_seqlens is None else check_cu_seqlens(cu_seqlens, batch, length)
     if offset is not None:
-        _check_tensor("offset", offset)
+        check_tensor("offset", offset)
         if tuple(offset.shape) != (count, key_heads, rot):
             raise ValueError(f"offset must be [N, Hk, R] = [{count}, {key_heads}, {rot}], got {tuple(offset.shape)}")
     if q.numel() > 0 and k.numel() > 0 and _use_triton(backend, q):
@@ -179,10 +140,10 @@ def rope(
         backend: ``"auto"``, ``"torch"`` or ``"triton"``, as for :func:`selective_rope`.
     """
     batch, length, _, _, head_dim = _check_qk(q, k)
-    _check_tensor("positions", positions, rank=2, floating=False)
-    _check_tensor("inv_freq", inv_freq, rank=1)
-    _check_device(q.device, positions=positions, inv_freq=inv_freq)
-    _check_backend(backend)
+    check_tensor("positions", positions, rank=2, floating=False)
+    check_tensor("inv_freq", inv_freq, rank=1)
+    check_device(q.device, positions=positions, inv_freq=inv_freq)
+    check_backend(backend, BACKENDS)
     if tuple(positions.shape) != (batch, length):
         raise ValueError(f"positions must be [B, T] = [{batch}, {length}], got {tuple(positions.shape)}")
     if inv_freq.numel() < 1 or 2 * inv_freq.numel() > head_dim:

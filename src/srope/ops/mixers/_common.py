@@ -14,7 +14,10 @@ from types import SimpleNamespace
 
 import torch
 
-from srope.ops.rotary import check_cu_seqlens
+from srope.ops.checks import check_backend as _check_backend
+from srope.ops.checks import check_cu_seqlens, check_tensor  # noqa: F401  (re-exported for the mixers)
+from srope.ops.checks import check_device as check_same_device  # noqa: F401
+
 
 MIXER_BACKENDS = ("auto", "torch", "fla")
 FLA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -36,28 +39,8 @@ def warn_once(key: str, message: str) -> None:
 # ----------------------------------------------------------------------------------------
 
 
-def check_tensor(name: str, value, shape: tuple | None = None, *, floating: bool = True) -> None:
-    """``value`` is a tensor (floating unless told otherwise) of ``shape`` (None entries: any)."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if floating and not value.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
-    if shape is not None:
-        ok = value.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, value.shape))
-        if not ok:
-            expected = ", ".join("?" if s is None else str(s) for s in shape)
-            raise ValueError(f"{name} must have shape [{expected}], got {tuple(value.shape)}")
-
-
-def check_same_device(device: torch.device, **tensors) -> None:
-    for name, value in tensors.items():
-        if value is not None and value.device != device:
-            raise ValueError(f"{name} is on {value.device} but q is on {device}; put all inputs on one device")
-
-
 def check_backend(backend) -> None:
-    if backend not in MIXER_BACKENDS:
-        raise ValueError(f"backend must be one of {MIXER_BACKENDS}, got {backend!r}")
+    _check_backend(backend, MIXER_BACKENDS)
 
 
 def check_scale(scale, default: float) -> float:
