@@ -121,3 +121,24 @@ def test_strong_decay_stays_finite_in_float32():
     ref_out, ref_final = reference.gated_linear_attention_recurrence(q, k, v, log_decay, 0.5, h0)
     assert torch.isfinite(out).all() and torch.isfinite(final).all()
     assert rel_err(out, ref_out) < 1e-5 and rel_err(final, ref_final) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("step_log_decay", [-0.05, -9.0, -80.0])  # factored / float32 pairwise / both pairwise
+def test_factored_and_pairwise_scores_match_recurrence(dtype, step_log_decay):
+    """Strong decay (a log-decay fall beyond MAX_FACTORED_SPREAD inside a chunk) takes the
+    pairwise form; both forms equal the float64 recurrence, with finite values throughout."""
+    from srope.ops.mixers.gla import MAX_FACTORED_SPREAD
+
+    q, k, v, log_decay, h0 = gla_inputs(2, 3 * CHUNK_SIZE + 5, 2, 6, 4, seed=11)
+    log_decay = step_log_decay * (0.5 + torch.rand_like(log_decay))
+    spread = float(-log_decay[:, :CHUNK_SIZE].sum(1).max())  # the smallest fall of a first chunk
+    assert (spread > MAX_FACTORED_SPREAD[dtype]) == (step_log_decay < (-1 if dtype == torch.float32 else -50))
+    leaves_ = leaves(*(x.to(dtype) for x in (q, k, v, log_decay, h0)))
+    out, final = run(*leaves_)
+    ref = reference.gated_linear_attention_recurrence(*(x.double() for x in leaves_[:4]), 6**-0.5, leaves_[4].double())
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    assert torch.isfinite(out).all() and rel_err(out, ref[0]) < tol and rel_err(final, ref[1]) < tol
+    cot = cotangents_like(2, out, final)
+    grads = backward_grads([out, final], list(leaves_), cot)
+    assert all(torch.isfinite(g).all() for g in grads)

@@ -11,9 +11,12 @@ log-decay summed inside the chunk::
     o_t   = scale · [ (q_t ⊙ e^{G_t})ᵀ S_0 + Σ_{s<=t} (Σ_i q_ti k_si e^{G_ti − G_si}) v_s ]
     S_C   = diag(e^{G_C}) S_0 + Σ_s (k_s ⊙ e^{G_C − G_s}) v_sᵀ
 
-Every exponent is a sum of log-decays over a causal interval, so it is <= 0 for decays
-<= 0: nothing overflows, whatever the gate (the pairwise intra-chunk term is formed as
-``[C, C, K]`` for that reason, which is why the chunks are short).
+The intra-chunk scores are formed as one matrix product of ``q_t ⊙ e^{G_t − G_1}`` and
+``k_s ⊙ e^{G_1 − G_s}`` (fla's factorisation). Each product term is then exact to a few
+roundings, but the two factors overflow / underflow when the log-decay falls by more than
+:data:`MAX_FACTORED_SPREAD` inside one chunk; such inputs take the pairwise form
+``Σ_i q_ti k_si e^{G_ti − G_si}`` (``[C, C, K]`` per chunk, every exponent <= 0), which is
+exact whatever the gate but several times slower.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from srope.ops.mixers import _common as common
 from srope.ops.reference import compute_dtype
 
 CHUNK_SIZE = 16
+# Largest fall of the summed log-decay inside a chunk for the factored scores, per compute
+# dtype: e^{±spread} must stay well inside the dtype's range (float32: e^±88).
+MAX_FACTORED_SPREAD = {torch.float32: 60.0, torch.float64: 600.0}
 
 
 def _gla_chunked(q, k, v, g, scale, state, chunk_size):
@@ -34,11 +40,7 @@ def _gla_chunked(q, k, v, g, scale, state, chunk_size):
     chunk_size = min(chunk_size, length)  # short inputs (decoding) need no padding
     q, k, v, g = (common.to_chunks(x, chunk_size) for x in (q, k, v, g))  # [B, H, NC, C, *]
     cum = g.cumsum(dim=3)
-    # Intra-chunk scores with the exact pairwise decay e^{G_t - G_s} (s <= t).
-    causal = common.causal_mask(chunk_size, q.device)[:, :, None]
-    log_pair = (cum[..., :, None, :] - cum[..., None, :, :]).masked_fill(~causal, float("-inf"))
-    scores = (q[..., :, None, :] * k[..., None, :, :] * log_pair.exp()).sum(-1)  # [B, H, NC, C, C]
-    out = scores @ v
+    out = _intra_chunk_scores(q, k, cum) @ v
     # What each chunk adds to the state, and how much of the state it keeps.
     last = cum[..., -1:, :]
     added = (k * (last - cum).exp()).transpose(-1, -2) @ v  # [B, H, NC, K, V]
@@ -51,6 +53,18 @@ def _gla_chunked(q, k, v, g, scale, state, chunk_size):
         state = kept[:, :, n] * state + added[:, :, n]
     out = out + (q * cum.exp()) @ torch.stack(starts, dim=2)
     return common.from_chunks(scale * out, length), state
+
+
+def _intra_chunk_scores(q, k, cum):
+    """``Σ_i q_ti k_si e^{G_ti − G_si}`` for s <= t, 0 above the diagonal: ``[B, H, NC, C, C]``."""
+    causal = common.causal_mask(q.shape[3], q.device)
+    spread = (cum[..., :1, :] - cum[..., -1:, :]).abs().amax() if cum.numel() else cum.new_zeros(())
+    if spread.item() <= MAX_FACTORED_SPREAD.get(cum.dtype, 60.0):
+        first = cum[..., :1, :]
+        scores = (q * (cum - first).exp()) @ (k * (first - cum).exp()).transpose(-1, -2)
+        return scores.masked_fill(~causal, 0.0)
+    log_pair = (cum[..., :, None, :] - cum[..., None, :, :]).masked_fill(~causal[..., None], float("-inf"))
+    return (q[..., :, None, :] * k[..., None, :, :] * log_pair.exp()).sum(-1)
 
 
 def gla_torch(q, k, v, log_decay, scale, initial_state=None, cu_seqlens=None, chunk_size=CHUNK_SIZE):
