@@ -2,8 +2,11 @@
 RoPE (fla's kernel, ours), forward / backward / both, plus the one-token decode step.
 
 Timings are ``triton.testing.do_bench`` medians (L2 flushed before every call) after a
-warm-up call (autotuning) on random bf16 data; for 1x4096x4x128 and for decode also
-``do_bench_cudagraph`` (``*_graph``), since launches dominate there. ``floor_ms`` is the
+warm-up call (autotuning) on random bf16 data. Where the CPU side (Python, autograd, the
+launches) is slower than the GPU, those medians time the CPU, so every entry also has
+``fwd_bwd_ms_graph`` (fwd+bwd captured once in a CUDA graph and replayed: GPU time without
+launch overhead; decode: the step) and ``kernel_ms`` (the sum of the GPU kernel durations
+of one fwd+bwd, from ``torch.profiler``, with the kernel names). ``floor_ms`` is the
 minimal HBM traffic over 4.25e12 B/s (the H200's device-to-device copy rate):
 
     Selective RoPE  forward : read q, k, phi; write q, k      = 4·BTHD·e + BTHR·e_phi
@@ -50,7 +53,6 @@ from srope.modules import RoPE, SelectiveRoPE
 from srope.ops import reference, rope, selective_rope
 
 SHAPES = [(8, 4096, 4, 128), (1, 65536, 4, 128), (16, 4096, 16, 64), (1, 4096, 4, 128)]
-GRAPH_SHAPES = {(1, 4096, 4, 128)}
 DRY_SHAPES = [(2, 24, 2, 8), (1, 40, 1, 8)]
 DECODE_BATCHES = (1, 8, 32)
 IMPLS = ("srope_triton", "srope_torch", "srope_compile", "rope_fla", "rope_srope")
@@ -78,12 +80,14 @@ def make_impl(impl: str, shape, dtype, device, block_t=None):
     """``(fn, leaves)``: fn(*leaves) returns the rotated (q, k)."""
     batch, length, heads, dim = shape
     pairs = dim // 2
-    g = torch.Generator(device=device).manual_seed(0)
-    randn = lambda *s: torch.randn(*s, generator=g, device=device).to(dtype)
+    # Random data come from the CPU generator: a failed CUDA-graph capture leaves the CUDA
+    # generator unusable, and the entries after it must still run.
+    g = torch.Generator().manual_seed(0)
+    randn = lambda *s: torch.randn(*s, generator=g).to(device, dtype)
     q, k = randn(batch, length, heads, dim), randn(batch, length, heads, dim)
     temperature = reference.rope_inverse_frequencies(dim, THETA).to(device, torch.float32)
     if impl.startswith("srope"):
-        phi = (torch.rand(batch, length, heads, pairs, generator=g, device=device) * 2).to(dtype)
+        phi = (torch.rand(batch, length, heads, pairs, generator=g) * 2).to(device, dtype)
         leaves = [x.requires_grad_() for x in (q, k, phi)]
         if impl == "srope_triton":
             if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -96,6 +100,9 @@ def make_impl(impl: str, shape, dtype, device, block_t=None):
         if impl == "srope_torch":
             return (lambda q, k, phi: selective_rope(q, k, phi, temperature, backend="torch")[:2]), leaves
         if impl == "srope_compile":
+            from torch._functorch import config as functorch_config
+
+            functorch_config.donated_buffer = False  # the bwd timing replays one graph (retain_graph)
             compiled = torch.compile(lambda q, k, phi: reference.selective_rope(q, k, phi, temperature)[:2],
                                      backend="inductor" if device == "cuda" else "eager")
             return compiled, leaves
@@ -122,10 +129,10 @@ class Timer:
     def __init__(self, device: str):
         self.device = device
         if device == "cuda":
-            from triton.testing import do_bench, do_bench_cudagraph
+            from triton.testing import do_bench
 
             self.bench = lambda fn: do_bench(fn, return_mode="median")
-            self.graph = lambda fn: do_bench_cudagraph(fn, return_mode="median")
+            self.graph = graph_ms
         else:
             self.bench = self.graph = self.wall
 
@@ -139,16 +146,62 @@ class Timer:
         return statistics.median(times)
 
 
-def time_rotation(timer: Timer, fn, leaves, graph: bool) -> dict:
+def graph_ms(fn, replays: int = 50) -> float:
+    """Median ms of one replay of ``fn`` captured in a CUDA graph (warm-up on a side stream
+    first, as torch.cuda.graphs requires for autograd)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del graph
+    return statistics.median(times)
+
+
+def kernel_time(fn, repeats: int = 5) -> dict:
+    """GPU kernel time of one call of ``fn`` (profiler, mean over ``repeats``) and its kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    kernels: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time / 1e3 / repeats
+    return {"kernel_ms": sum(kernels.values()), "kernels": {k: round(v, 4) for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])}}
+
+
+def time_rotation(timer: Timer, fn, leaves) -> dict:
     out = fn(*leaves)
-    grads = [torch.randn_like(x) for x in out]
+    grads = [torch.randn(x.shape).to(x.device, x.dtype) for x in out]
     torch.autograd.grad(fn(*leaves), leaves, grads)  # warm-up: compile, autotune
+    step = lambda: torch.autograd.grad(fn(*leaves), leaves, grads)  # noqa: E731
     result = {"fwd_ms": timer.bench(lambda: fn(*leaves))}
     out = fn(*leaves)
     result["bwd_ms"] = timer.bench(lambda: torch.autograd.grad(out, leaves, grads, retain_graph=True))
-    result["fwd_bwd_ms"] = timer.bench(lambda: torch.autograd.grad(fn(*leaves), leaves, grads))
-    if graph:
-        result["fwd_bwd_ms_graph"] = timer.graph(lambda: torch.autograd.grad(fn(*leaves), leaves, grads))
+    result["fwd_bwd_ms"] = timer.bench(step)
+    if timer.device == "cuda":
+        result.update(kernel_time(step))
+        try:
+            result["fwd_bwd_ms_graph"] = timer.graph(step)
+        except Exception:  # noqa: BLE001 - recorded; a failed capture leaves the other timings valid
+            result["graph_error"] = traceback.format_exc(limit=4)
+            torch.cuda.synchronize()
     return result
 
 
@@ -161,9 +214,9 @@ def decode_entries(timer: Timer, device: str, dtype, batches) -> list[dict]:
     module = SelectiveRoPE(1024, 4, 128).to(device=device, dtype=dtype)
     rope_module = RoPE(128, theta=THETA)
     for batch in batches:
-        x = torch.randn(batch, 17, 1024, device=device, dtype=dtype)
-        q = torch.randn(batch, 17, 4, 128, device=device, dtype=dtype)
-        k = torch.randn(batch, 17, 4, 128, device=device, dtype=dtype)
+        x = torch.randn(batch, 17, 1024).to(device, dtype)
+        q = torch.randn(batch, 17, 4, 128).to(device, dtype)
+        k = torch.randn(batch, 17, 4, 128).to(device, dtype)
         with torch.no_grad():
             _, _, state = module(q[:, :16], k[:, :16], x[:, :16], use_cache=True)
             _, _, rope_state = rope_module(q[:, :16], k[:, :16], use_cache=True)
@@ -182,11 +235,16 @@ def decode_entries(timer: Timer, device: str, dtype, batches) -> list[dict]:
                 with torch.no_grad():
                     fn()
                     entry["fwd_ms"] = timer.bench(fn)
-                    entry["fwd_ms_graph"] = timer.graph(fn)
+                    if device == "cuda":
+                        entry.update(kernel_time(fn))
+                    try:
+                        entry["fwd_ms_graph"] = timer.graph(fn)
+                    except Exception:  # noqa: BLE001 - recorded
+                        entry["graph_error"] = traceback.format_exc(limit=4)
             except Skip as reason:
                 entry["skipped"] = str(reason)
             except Exception:  # noqa: BLE001 - recorded, the other entries still run
-                entry["error"] = traceback.format_exc(limit=3)
+                entry["error"] = traceback.format_exc()[-4000:]
             entries.append(entry)
             print(json.dumps(entry), flush=True)
     return entries
@@ -200,21 +258,22 @@ def markdown(report: dict) -> str:
         f"# Rotation op benchmark ({report['gpu']}; torch {report['torch']}, triton {report['triton']}, fla {report['fla']})",
         "",
         (
-            "Medians in ms (triton.testing.do_bench, L2 flushed); `graph` = fwd+bwd under CUDA graphs"
-            " (decode: the step under CUDA graphs); floor = minimal HBM bytes / 4.25 TB/s."
+            "Medians in ms (triton.testing.do_bench, L2 flushed); `graph` = fwd+bwd replayed from a CUDA graph"
+            " (decode: the step), i.e. without launch overhead; `GPU kernels` = sum of the kernel durations of one"
+            " fwd+bwd (torch.profiler); floor = minimal HBM bytes / 4.25 TB/s."
         ),
         "",
-        "| impl | shape B×T×H×D | dtype | fwd | bwd | fwd+bwd | graph | floor | fwd+bwd / floor |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| impl | shape B×T×H×D | dtype | fwd | bwd | fwd+bwd | graph | GPU kernels | floor | graph / floor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         graph = r.get("fwd_bwd_ms_graph", r.get("fwd_ms_graph"))
-        ratio = r["fwd_bwd_ms"] / r["floor_ms"] if r.get("fwd_bwd_ms") and r.get("floor_ms") else None
-        note = r.get("skipped") or ("error" if "error" in r else "")
+        ratio = graph / r["floor_ms"] if graph and r.get("floor_ms") else None
+        note = r.get("skipped") or ("error" if "error" in r else "graph capture failed" if "graph_error" in r else "")
         shape = "×".join(str(s) for s in r["shape"])
         lines.append(
             f"| {r['impl']} | {shape} | {r['dtype']} | {fmt(r['fwd_ms'])} | {fmt(r['bwd_ms'])} | {fmt(r['fwd_bwd_ms'])} "
-            f"| {fmt(graph)} | {fmt(r['floor_ms'])} | {fmt(ratio)}{' ' + note if note else ''} |"
+            f"| {fmt(graph)} | {fmt(r.get('kernel_ms'))} | {fmt(r['floor_ms'])} | {fmt(ratio)}{' ' + note if note else ''} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -231,7 +290,7 @@ def main() -> int:
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --dry-run)")
     dtype = torch.bfloat16
-    shapes, graph_shapes = (DRY_SHAPES, {DRY_SHAPES[-1]}) if args.dry_run else (SHAPES, GRAPH_SHAPES)
+    shapes = DRY_SHAPES if args.dry_run else SHAPES
     env = environment()
     report = {
         "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
@@ -261,11 +320,11 @@ def main() -> int:
                      "fwd_ms": None, "bwd_ms": None, "fwd_bwd_ms": None, **traffic(shape, impl)}
             try:
                 fn, leaves = make_impl(impl, shape, dtype, device, block_t)
-                entry.update(time_rotation(timer, fn, leaves, graph=shape in graph_shapes))
+                entry.update(time_rotation(timer, fn, leaves))
             except Skip as reason:
                 entry["skipped"] = str(reason)
             except Exception:  # noqa: BLE001 - recorded (e.g. an inductor failure), the rest still runs
-                entry["error"] = traceback.format_exc(limit=3)
+                entry["error"] = traceback.format_exc()[-4000:]
             report["results"].append(entry)
             print(json.dumps({k: v for k, v in entry.items() if k != "error"}), flush=True)
             save()

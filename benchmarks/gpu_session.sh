@@ -52,6 +52,28 @@ PY
   done
 }
 
+stage_recheck() {  # what changed since the last full check: the decode checks, the fp32 DeltaNet route
+  run 120 python benchmarks/check_cuda_rotary.py --out $R/rotary_checks_h200.json
+  run 120 $FAST benchmarks/check_cuda_mixers.py --skip-timings --only deltanet --out $R/mixers_checks_deltanet_h200.json
+}
+
+stage_op() {
+  run ${OP_LIMIT:-240} python benchmarks/bench_op.py --out $R/op_h200.json
+}
+
+# copying with GLA (train lengths 2-64, evaluate 2-512), one run per position encoding;
+# COPY_PES, COPY_STEPS and COPY_LIMIT (seconds per run) from the environment
+stage_copying() {
+  for pe in ${COPY_PES:-nope rope selective_rope}; do
+    mkdir -p $R/synthetic
+    log "copying $pe"
+    timeout ${COPY_LIMIT:-150} $FAST -m srope synth copying --device cuda --position $pe \
+      --set seeds=0 --set steps=${COPY_STEPS:-1500} --set batch_size=${COPY_BATCH:-256} --set eval_lengths=2-512:30 \
+      --set eval_examples=200 --out $R/synthetic/copying-$pe > $R/synthetic/copying-$pe.log 2>&1
+    echo "exit $?"; tail -c 600 $R/synthetic/copying-$pe.log | tr '\r' '\n' | tail -n 6
+  done
+}
+
 stage_parity() {
   for pe in nope rope selective_rope; do
     run 85 $FAST -m srope synth state_tracking --device cuda --position $pe --no-progress \
@@ -59,8 +81,10 @@ stage_parity() {
   done
 }
 
-for stage in "$@"; do "stage_$stage"; done
-log "packing results"
-find $R \( -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.jsonl' \) -not -path '*/checkpoints/*' -not -path '*/model/*' \
-  | tar czf "$OUT/results.tgz" -T -
+pack() {  # after every stage, so that a call cut short still returns what finished
+  find $R \( -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' -not -path '*/model/*' \
+    | tar czf "$OUT/results.tgz" -T -
+}
+
+for stage in "$@"; do "stage_$stage"; log "packing results"; pack; done
 bash .tcache/pack.sh
