@@ -74,6 +74,16 @@ stage_copying() {
   done
 }
 
+# gla-370m (Selective RoPE) on 1 GPU, then 2 GPUs with DDP and with FSDP2 (nvidia-h200-x2);
+# same global batch; tokens/s from metrics.jsonl. Needs the prepared token store in .data.
+stage_multi_gpu() {
+  local common="--preset gla-370m --data shakespeare --cache .data --max-steps ${MG_STEPS:-20} --set seq_len=2048
+    --set global_batch_size=16 --set checkpoint_every=100000 --set eval_rows=4 --set tensorboard=false"
+  run ${MG_LIMIT:-110} $FAST -m srope train $common --out $R/multi_gpu/1gpu
+  run ${MG_LIMIT:-110} torchrun --nproc-per-node 2 benchmarks/fast_autotune.py -m srope train $common --set parallel=ddp --out $R/multi_gpu/ddp
+  run ${MG_LIMIT:-110} torchrun --nproc-per-node 2 benchmarks/fast_autotune.py -m srope train $common --set parallel=fsdp --out $R/multi_gpu/fsdp
+}
+
 stage_parity() {
   for pe in nope rope selective_rope; do
     run 85 $FAST -m srope synth state_tracking --device cuda --position $pe --no-progress \
