@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))  # for tests.triton.cuda_checks (the decode wiring
 sys.path.insert(1, str(ROOT / "src"))
 sys.path.insert(2, str(ROOT / "benchmarks"))
 
-from common import HBM_BYTES_PER_S, environment
+from common import HBM_BYTES_PER_S, environment, write_json
 
 from srope.modules import RoPE, SelectiveRoPE
 from srope.ops import reference, rope, selective_rope
@@ -307,7 +307,7 @@ def main() -> int:
     out_path.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
-        out_path.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(out_path, report)
         out_path.with_suffix(".md").write_text(markdown(report))
 
     runs = [(impl, None) for impl in args.only.split(",")]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import platform
 import statistics
 import sys
@@ -41,6 +40,9 @@ sys.path.insert(0, str(ROOT))  # for tests.ops.mixers.cuda_checks
 if not (ROOT / "src" / "srope").is_dir():
     raise SystemExit("run from a srope checkout")
 sys.path.insert(1, str(ROOT / "src"))  # srope itself, installed or not
+sys.path.insert(2, str(ROOT / "benchmarks"))
+
+from common import write_json  # noqa: E402, I001
 
 from srope.ops.mixers import (  # noqa: E402
     fla_available,
@@ -282,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def save():
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        write_json(args.out, report, indent=1)
 
     print(f"environment: {report['environment']}\nfla #640 condition (gated backward broken): {broken}", flush=True)
     if device == "cuda" and fla_available():

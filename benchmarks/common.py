@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -59,7 +60,12 @@ def median_ms(fn, *, dry_run: bool = False, warmup: int = 1, grad_to_none=None) 
     return float(triton.testing.do_bench(fn, grad_to_none=grad_to_none, return_mode="median"))
 
 
-def write_json(path: str | Path, payload: dict) -> None:
+_FILE_PATH = re.compile(r'(?:/[^\s"\\/]+)+/([^/\s"\\]+/[^/\s"\\]+\.py)')
+
+
+def write_json(path: str | Path, payload: dict, indent: int = 2) -> None:
+    """Write ``payload``; file paths in recorded tracebacks are cut to ``package/file.py``
+    (the results are committed; the machine's folders are not ours to publish)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, default=str))
+    path.write_text(_FILE_PATH.sub(r"\1", json.dumps(payload, indent=indent, default=str)) + "\n")
