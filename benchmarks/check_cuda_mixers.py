@@ -42,7 +42,7 @@ if not (ROOT / "src" / "srope").is_dir():
 sys.path.insert(1, str(ROOT / "src"))  # srope itself, installed or not
 sys.path.insert(2, str(ROOT / "benchmarks"))
 
-from common import write_json  # noqa: E402, I001
+from common import write_json  # noqa: E402
 
 from srope.ops.mixers import (  # noqa: E402
     fla_available,
