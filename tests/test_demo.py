@@ -26,6 +26,7 @@ TINY = dataclasses.replace(
     curriculum=((6, 4), (9, 4)),
     batch_size=8,
     warmup_steps=2,
+    cooldown_steps=3,
     eval_len=36,
     eval_size=24,
     eval_batch_size=10,
@@ -96,9 +97,11 @@ def test_parallel_workers_match_sequential(tmp_path):
         ({"config": dataclasses.replace(TINY, eval_len=8)}, ValueError, r"eval_len \(8\) must be >= the training length \(9\)"),
         ({"config": dataclasses.replace(TINY, curriculum=())}, ValueError, "at least one"),
         ({"config": dataclasses.replace(TINY, curriculum=((0, 5),))}, ValueError, "length >= 1, steps >= 1"),
-        ({"config": dataclasses.replace(TINY, warmup_steps=8)}, ValueError, r"warmup_steps must be in \[0, steps=8\)"),
+        ({"config": dataclasses.replace(TINY, warmup_steps=6)}, ValueError, r"warmup_steps \+ cooldown_steps <= steps=8"),
+        ({"config": dataclasses.replace(TINY, label_smoothing=1.0)}, ValueError, r"label_smoothing must be in \[0, 1\)"),
         ({"config": dataclasses.replace(TINY, lr=0.0)}, ValueError, "lr must be a positive number"),
         ({"config": dataclasses.replace(TINY, betas=(0.9, 1.0))}, ValueError, "betas"),
+        ({"config": dataclasses.replace(TINY, adam_eps=0.0)}, ValueError, "adam_eps must be a positive number"),
         ({"config": dataclasses.replace(TINY, eval_size=0)}, ValueError, "eval_size must be a positive integer"),
     ],
 )
@@ -201,14 +204,14 @@ def test_training_stream_is_shared_and_eval_rows_are_unseen():
 
 
 def test_schedule_and_curriculum():
-    config = dataclasses.replace(TINY, curriculum=((5, 3), (7, 2), (11, 5)), warmup_steps=2, lr=1e-2, min_lr_ratio=0.1)
+    config = dataclasses.replace(TINY, curriculum=((5, 3), (7, 2), (11, 5)), warmup_steps=2, cooldown_steps=4, lr=1e-2, min_lr_ratio=0.1)
     assert config.steps == 10 and config.train_len == 11
     assert [config.length_at(s) for s in range(10)] == [5, 5, 5, 7, 7, 11, 11, 11, 11, 11]
-    lrs = [config.lr_at(s) for s in range(10)]
-    assert lrs[0] == pytest.approx(5e-3) and lrs[1] == pytest.approx(1e-2)
-    progress = [(s - 2) / 8 for s in range(2, 10)]
-    np.testing.assert_allclose(lrs[2:], [1e-3 + 9e-3 * 0.5 * (1 + math.cos(math.pi * p)) for p in progress])
-    assert all(b <= a for a, b in zip(lrs[1:], lrs[2:]))
+    expected = [5e-3, 1e-2, 1e-2, 1e-2, 1e-2, 1e-2] + [1e-2 * (1 - 0.9 * k / 4) for k in (1, 2, 3, 4)]
+    np.testing.assert_allclose([config.lr_at(s) for s in range(10)], expected)
+    assert config.lr_at(9) == pytest.approx(1e-3)  # the last step ends the cooldown at min_lr_ratio
+    flat = dataclasses.replace(config, warmup_steps=0, cooldown_steps=0)
+    assert [flat.lr_at(s) for s in range(10)] == [1e-2] * 10
 
 
 def test_targets_and_table():
