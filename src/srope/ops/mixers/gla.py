@@ -59,7 +59,8 @@ def _intra_chunk_scores(q, k, cum):
     """``Σ_i q_ti k_si e^{G_ti − G_si}`` for s <= t, 0 above the diagonal: ``[B, H, NC, C, C]``."""
     causal = common.causal_mask(q.shape[3], q.device)
     spread = (cum[..., :1, :] - cum[..., -1:, :]).abs().amax() if cum.numel() else cum.new_zeros(())
-    if spread.item() <= MAX_FACTORED_SPREAD.get(cum.dtype, 60.0):
+    # One host sync per call: this is the CPU / fallback path (fla's kernels serve CUDA).
+    if spread.item() <= MAX_FACTORED_SPREAD[cum.dtype]:
         first = cum[..., :1, :]
         scores = (q * (cum - first).exp()) @ (k * (first - cum).exp()).transpose(-1, -2)
         return scores.masked_fill(~causal, 0.0)
