@@ -197,8 +197,14 @@ def time_rotation(timer: Timer, fn, leaves) -> dict:
     result["fwd_bwd_ms"] = timer.bench(step)
     if timer.device == "cuda":
         result.update(kernel_time(step))
+    # Captured with fresh leaves: the eager timings above ran on the default stream, and
+    # autograd's AccumulateGrad nodes of those leaves keep that stream, which invalidates a
+    # capture on another stream (pytorch/pytorch#164302: "operation would make the legacy
+    # stream depend on a capturing blocking stream").
+    fresh = [x.detach().clone().requires_grad_() for x in leaves]
+    fresh_step = lambda: torch.autograd.grad(fn(*fresh), fresh, grads)  # noqa: E731
     try:
-        result["fwd_bwd_ms_graph"] = timer.graph(step)  # dry run: the wall clock stands in
+        result["fwd_bwd_ms_graph"] = timer.graph(fresh_step)  # dry run: the wall clock stands in
     except Exception:  # noqa: BLE001 - recorded; a failed capture leaves the other timings valid
         result["graph_error"] = traceback.format_exc(limit=4)
     return result

@@ -57,6 +57,18 @@ stage_recheck() {  # what changed since the last full check: the decode checks, 
   run 120 $FAST benchmarks/check_cuda_mixers.py --skip-timings --only deltanet --out $R/mixers_checks_deltanet_h200.json
 }
 
+stage_kernels() {  # the rotation kernels: checks at real sizes, GPU tests, per-kernel times
+  run 120 python benchmarks/check_cuda_rotary.py --out $R/rotary_checks_h200.json
+  run 150 python -m pytest tests/triton -m gpu -q -x -p no:cacheprovider
+  run ${TUNE_LIMIT:-150} python benchmarks/tune_rotation.py --out $R/tune_rotation_h200.json --budget-s ${TUNE_BUDGET:-120}
+}
+
+stage_speed() {  # op, layer and model benchmarks (the three levels)
+  run ${OP_LIMIT:-240} python benchmarks/bench_op.py --out $R/op_h200.json
+  run 150 python benchmarks/bench_layer.py --out $R/layer_h200.json
+  run 150 python benchmarks/bench_model.py --preset gla-370m --out $R/model_h200.json
+}
+
 stage_op() {
   run ${OP_LIMIT:-240} python benchmarks/bench_op.py --out $R/op_h200.json
 }

@@ -47,14 +47,17 @@ class Recorder:
 
 def record_launches() -> list:
     calls = []
-    for name in ("chunk_sum_kernel", "chunk_scan_fwd_kernel", "chunk_scan_bwd_kernel", "dphi_kernel"):
+    for name in ("chunk_sum_kernel", "chunk_scan_fwd_kernel", "chunk_scan_bwd_kernel", "dphi_kernel",
+                 "srope_fwd_kernel", "srope_bwd_kernel"):
         setattr(kernels, name, Recorder(getattr(kernels, name), name, calls))
-    for name in ("_srope_fwd", "_srope_bwd", "_rope_fwd", "_rope_bwd"):
+    for name in ("_rope_fwd", "_rope_bwd"):
         setattr(ops, name, Recorder(getattr(ops, name), name, calls))
     decode.decode_step_kernel = Recorder(decode.decode_step_kernel, "decode_step_kernel", calls)
-    # (dim, pairs, block_t, dtype, packed): the 8x4096x4x128 benchmark's tiles (every autotune
-    # config); odd R with partial rotary, float32, packed (the first config only).
-    for dim, pairs, block_t, dtype, packed in ((128, 64, 64, torch.bfloat16, False), (10, 3, 16, torch.float32, True)):
+    # (dim, pairs, block_t, dtype, packed): the 8x4096x4x128 and 16x4096x16x64 benchmarks' tiles
+    # (every RoPE autotune config); odd R with partial rotary, float32, packed (the first config only).
+    cases = ((128, 64, ops.default_block_t(8, 4096, 4, 64), torch.bfloat16, False),
+             (64, 32, ops.default_block_t(16, 4096, 16, 32), torch.bfloat16, False), (10, 3, 16, torch.float32, True))
+    for dim, pairs, block_t, dtype, packed in cases:
         batch = 1 if packed else 2
         q = torch.zeros(batch, 40, 4, dim, dtype=dtype)
         k = torch.zeros(batch, 40, 2, dim, dtype=dtype)
@@ -124,7 +127,8 @@ def main() -> int:
             if key in seen:
                 continue
             seen.add(key)
-            compiled = triton.compile(ASTSource(recorder.fn, sig, constants), target=TARGET, options={"num_warps": warps})
+            options = {"num_warps": warps, **{name: kwargs[name] for name in ("maxnreg",) if name in kwargs}}
+            compiled = triton.compile(ASTSource(recorder.fn, sig, constants), target=TARGET, options=options)
             ptx = compiled.asm["ptx"]
             tile = {name: constants.get(name) for name in ("R", "BT", "ST", "F64") if name in constants}
             print(json.dumps({"kernel": recorder.name, "warps": warps, **tile, **ptxas_report(ptx),

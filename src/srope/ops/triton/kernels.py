@@ -5,15 +5,17 @@ Design (see ``ops.py`` for the launches):
 - Time is cut into chunks of ``BT`` tokens that never straddle a sequence: dense batches
   have ``cdiv(T, BT)`` chunks per row; packed batches (``cu_seqlens``) number the chunks
   of each sequence in turn (``cu_chunks``) and map every chunk slot to its sequence
-  (``chunk_seq``; slots past the last chunk hold ``N`` and exit at once). A program walks
-  its chunk in sub-tiles of ``ST`` tokens (autotuned with the warp count, so the register
-  tile is independent of the chunking), carrying the chunk-local phase in float64.
+  (``chunk_seq``; slots past the last chunk hold ``N`` and exit at once). A rotation
+  program walks its chunk in sub-tiles of ``ST`` tokens carrying the chunk-local phase in
+  float64; on the GPU the chunk is one sub-tile (``ops.py`` says why). The light kernels
+  (chunk sums, dphi) take ``CPP`` chunks × ``HPP`` key heads per program.
 - Forward: (1) ``chunk_sum``: Σφ of every chunk in float64; (2) ``chunk_scan_fwd``: one
   program per (sequence, key head, channel block) scans the chunk totals in float64 from
   the offset, giving the phase before every chunk (``base``) and the final phase; (3)
-  ``srope_fwd``: per (chunk, key head), the local cumsum of φ, the phase
-  ``base + local`` and the angle ``Θ · phase`` formed and reduced modulo 2π in float64,
-  rounded to float32 only once in [0, 2π); accurate sin/cos; the rotation of the key head
+  ``srope_fwd``: per (chunk, key head), the local cumsum of φ, the phase ``base + local``
+  and the angle ``Θ · phase`` reduced modulo 2π with a float64 carry (``_selective_angles``:
+  exact in float64 for float32/64 q and k, a float32 in-tile scan for 16-bit ones);
+  accurate sin/cos; the rotation of the key head
   and its group of query heads. q and k are read once and the outputs written once; φ is
   read twice (chunk sums, rotation).
 - Backward: (1) ``srope_bwd``: recompute the angles from φ and ``base``, inverse-rotate
@@ -104,6 +106,24 @@ def _chunk_span(pid_c, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, BT: tl.conste
 
 
 @triton.jit
+def _chunk_spans(slots, S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, BT: tl.constexpr, VARLEN: tl.constexpr):
+    """``_chunk_span`` for a block of chunk slots (``[CPP]`` vectors): (batch row, first
+    token, end token, valid); slots ``>= S`` are invalid."""
+    inside = slots < S
+    if VARLEN:
+        n = tl.load(chunk_seq + slots, mask=inside, other=N).to(tl.int32)
+        valid = inside & (n < N)
+        n = tl.minimum(n, N - 1)
+        index = slots - tl.load(cu_chunks + n)
+        bos = tl.load(cu_seqlens + n).to(tl.int64)
+        eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
+        return tl.zeros_like(bos), bos + index * BT, eos, valid
+    else:
+        b = (slots // NT).to(tl.int64)
+        return b, (slots % NT).to(tl.int64) * BT, tl.full(slots.shape, T, tl.int64), inside
+
+
+@triton.jit
 def _chunk_range(n, NT, cu_chunks, VARLEN: tl.constexpr):
     """Chunk slots ``[c0, c1)`` of sequence ``n``."""
     if VARLEN:
@@ -169,45 +189,68 @@ def _rotate_heads_bwd(
 
 
 @triton.jit
-def _selective_angles(phi, p_b, p_t, p_h, b, t, mt, hk, rr, mr, theta, start, carry, CD: tl.constexpr):
+def _selective_angles(phi, p_b, p_t, p_h, b, t, mt, hk, rr, mr, theta, start, carry, CD: tl.constexpr, FAST: tl.constexpr):
     """Angles ``[ST, BR]`` of one sub-tile of a chunk, for key head ``hk``.
 
     ``carry`` is the chunk-local phase before the sub-tile, ``start`` the phase before the
-    chunk (both float64). The phase ``start + local`` and the angle ``Θ · phase`` are formed
-    and reduced modulo 2π in float64 (a few float64 operations per element, cheap beside
-    the memory traffic); only the reduced angle is rounded to the compute dtype, so the
-    angle error is that rounding (~2e-7 rad in float32) whatever T and the chunk length.
+    chunk (both float64, carried across sub-tiles and chunks, so the phase never loses
+    precision with T). Exact path: the phase ``start + local`` and the angle ``Θ · phase``
+    are formed and reduced modulo 2π in float64 and rounded to the compute dtype once
+    (~2e-7 rad in float32 whatever T). ``FAST`` (16-bit q/k, float32 compute): the angle at
+    the sub-tile's start is reduced in float64 per channel and ``Θ ·`` the sub-tile's
+    float32 cumsum of φ added to it, nothing per element in float64; the error is a few
+    float32 roundings of numbers below 2π + Θ·ST·|φ| (~3e-5 rad for ST = 64, |φ| = 2, Θ = 1),
+    far below the 16-bit outputs' own rounding (~4e-3).
     Returns (angle, chunk-local phase [ST, BR] f64, carry after the sub-tile).
     """
     m = mt[:, None] & mr[None, :]
-    x = tl.load(phi + b * p_b + t[:, None] * p_t + hk * p_h + rr[None, :], mask=m, other=0.0).to(tl.float64)
-    local = carry[None, :] + tl.cumsum(x, 0)
-    angle = _wrap(theta[None, :] * (start[None, :] + local)).to(CD)
-    return angle, local, carry + tl.sum(x, 0)
+    x = tl.load(phi + b * p_b + t[:, None] * p_t + hk * p_h + rr[None, :], mask=m, other=0.0)
+    if FAST and CD == tl.float32:
+        x = x.to(tl.float32)
+        scan = tl.cumsum(x, 0)
+        first = _wrap(theta * (start + carry)).to(tl.float32)
+        angle = first[None, :] + theta.to(tl.float32)[None, :] * scan
+        local = carry[None, :] + scan.to(tl.float64)  # used only by the temperature gradient
+    else:
+        x = x.to(tl.float64)
+        local = carry[None, :] + tl.cumsum(x, 0)
+        angle = _wrap(theta[None, :] * (start[None, :] + local)).to(CD)
+    return angle, local, carry + tl.sum(x.to(tl.float64), 0)
+
+
+@triton.jit
+def _light_tile(pid, hb, S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk: tl.constexpr, R: tl.constexpr,
+                BT: tl.constexpr, CPP: tl.constexpr, HPP: tl.constexpr, BR: tl.constexpr, VARLEN: tl.constexpr):
+    """Chunk slots ``[CPP]``, batch rows, tokens ``[CPP, BT]``, heads and pairs ``[HPP·BR]``
+    and the masks of one light-kernel program: ``CPP`` chunks × ``HPP`` key heads, so that
+    a program reads whole contiguous rows of ``[.., Hk, R]`` tensors."""
+    slots = pid * CPP + tl.arange(0, CPP)
+    b, t0, t_end, valid = _chunk_spans(slots, S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, BT, VARLEN)
+    c = tl.arange(0, HPP * BR)
+    h, r = hb * HPP + c // BR, c % BR
+    mc = (h < Hk) & (r < R)
+    t = t0[:, None] + tl.arange(0, BT)[None, :]
+    m = (valid[:, None] & (t < t_end[:, None]))[:, :, None] & mc[None, None, :]
+    slot_ch = (slots[:, None] * Hk + h[None, :]) * R + r[None, :]  # [CPP, HPP·BR] offsets in per-chunk tensors
+    ms = (slots < S)[:, None] & mc[None, :]
+    return slots, b, t, h, r, m, valid, slot_ch, ms
 
 
 @triton.jit
 def chunk_sum_kernel(
-    phi, sums, base, p_b, p_t, p_h, T, NT, N, cu_seqlens, chunk_seq, cu_chunks,
-    Hk: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, ST: tl.constexpr, BR: tl.constexpr, VARLEN: tl.constexpr,
+    phi, sums, base, p_b, p_t, p_h, T, NT, N, S, cu_seqlens, chunk_seq, cu_chunks,
+    Hk: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, CPP: tl.constexpr, HPP: tl.constexpr, BR: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):
-    """``sums[c, hk, :] = Σ_{t in chunk c} φ_t`` in float64; unused slots of a packed
-    batch get ``base = 0`` (so that every element of the saved ``base`` is defined)."""
-    SUB: tl.constexpr = min(ST, BT)
-    pid_c, hk = tl.program_id(0), tl.program_id(1)
-    b, _n, t0, t_end, valid = _chunk_span(pid_c, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, BT, VARLEN)
-    rr = tl.arange(0, BR)
-    mr = rr < R
-    if valid:
-        total = tl.zeros([BR], dtype=tl.float64)
-        for s in range(0, BT, SUB):
-            t = t0 + s + tl.arange(0, SUB)
-            m = (t < t_end)[:, None] & mr[None, :]
-            x = tl.load(phi + b * p_b + t[:, None] * p_t + hk * p_h + rr[None, :], mask=m, other=0.0)
-            total += tl.sum(x.to(tl.float64), 0)
-        tl.store(sums + (pid_c * Hk + hk) * R + rr, total, mask=mr)
-    else:
-        tl.store(base + (pid_c * Hk + hk) * R + rr, tl.zeros([BR], dtype=tl.float64), mask=mr)
+    """``sums[c, hk, :] = Σ_{t in chunk c} φ_t`` in float64 for ``CPP`` chunks and ``HPP``
+    key heads at once (a program per chunk and head would be too small to keep loads in
+    flight); unused slots of a packed batch get ``base = 0`` (so that every element of the
+    saved ``base`` is defined)."""
+    slots, b, t, h, r, m, valid, slot_ch, ms = _light_tile(
+        tl.program_id(0), tl.program_id(1), S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk, R, BT, CPP, HPP, BR, VARLEN)
+    x = tl.load(phi + b[:, None, None] * p_b + t[:, :, None] * p_t + (h * p_h + r)[None, None, :], mask=m, other=0.0)
+    tl.store(sums + slot_ch, tl.sum(x.to(tl.float64), 1), mask=ms & valid[:, None])
+    tl.store(base + slot_ch, tl.zeros(slot_ch.shape, dtype=tl.float64), mask=ms & ~valid[:, None])
 
 
 @triton.jit
@@ -243,7 +286,7 @@ def srope_fwd_kernel(
     T, NT, N, cu_seqlens, chunk_seq, cu_chunks,
     Hk: tl.constexpr, G: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
     BT: tl.constexpr, ST: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
-    VARLEN: tl.constexpr, F64: tl.constexpr, PRECISE: tl.constexpr,
+    VARLEN: tl.constexpr, F64: tl.constexpr, PRECISE: tl.constexpr, FAST: tl.constexpr,
 ):
     """Rotate key head ``hk`` and query heads ``hk·G .. hk·G+G-1`` over one chunk."""
     CD: tl.constexpr = tl.float64 if F64 else tl.float32
@@ -259,7 +302,7 @@ def srope_fwd_kernel(
         for s in range(0, BT, SUB):
             t = t0 + s + tl.arange(0, SUB)
             mt = t < t_end
-            angle, _local, carry = _selective_angles(phi, p_b, p_t, p_h, b, t, mt, hk, rr, mr, theta, start, carry, CD)
+            angle, _local, carry = _selective_angles(phi, p_b, p_t, p_h, b, t, mt, hk, rr, mr, theta, start, carry, CD, FAST)
             cos, sin = _sincos(angle, PRECISE)
             _rotate_heads_fwd(q, q_out, q_b, q_t, q_h, qo_b, qo_t, qo_h, b, t, mt, hk * G, G, cos, sin, rr, mr, R, P, BP, CD)
             _rotate_heads_fwd(k, k_out, k_b, k_t, k_h, ko_b, ko_t, ko_h, b, t, mt, hk, 1, cos, sin, rr, mr, R, P, BP, CD)
@@ -273,7 +316,7 @@ def srope_bwd_kernel(
     T, NT, N, cu_seqlens, chunk_seq, cu_chunks,
     Hk: tl.constexpr, G: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
     BT: tl.constexpr, ST: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
-    VARLEN: tl.constexpr, F64: tl.constexpr, PRECISE: tl.constexpr,
+    VARLEN: tl.constexpr, F64: tl.constexpr, PRECISE: tl.constexpr, FAST: tl.constexpr,
     STORE_DANGLE: tl.constexpr, TEMP_GRAD: tl.constexpr,
 ):
     """dq, dk of one chunk and key-head group; dL/dangle (scratch + chunk total) and the
@@ -293,7 +336,7 @@ def srope_bwd_kernel(
         for s in range(0, BT, SUB):
             t = t0 + s + tl.arange(0, SUB)
             mt = t < t_end
-            angle, local, carry = _selective_angles(phi, p_b, p_t, p_h, b, t, mt, hk, rr, mr, theta, start, carry, CD)
+            angle, local, carry = _selective_angles(phi, p_b, p_t, p_h, b, t, mt, hk, rr, mr, theta, start, carry, CD, FAST)
             cos, sin = _sincos(angle, PRECISE)
             acc_a = tl.zeros([SUB, BR], dtype=CD)
             acc_b = tl.zeros([SUB, BR], dtype=CD)
@@ -310,7 +353,7 @@ def srope_bwd_kernel(
                 token = b * T + t
                 m = mt[:, None] & mr[None, :]
                 tl.store(dangle + (token[:, None] * Hk + hk) * R + rr[None, :], d_angle, mask=m)
-                total += tl.sum(d_angle.to(tl.float64), 0)
+                total += tl.sum(d_angle, 0).to(tl.float64)  # a float32 tile sum (float64 when F64)
             if TEMP_GRAD:
                 part += tl.sum(d_angle.to(tl.float64) * (start[None, :] + local), 0)
         slot = (pid_c * Hk + hk) * R + rr
@@ -355,29 +398,27 @@ def chunk_scan_bwd_kernel(
 
 @triton.jit
 def dphi_kernel(
-    dangle, carry, temp, dphi, d_b, d_t, d_h, temp_h, T, NT, N, cu_seqlens, chunk_seq, cu_chunks,
-    Hk: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, ST: tl.constexpr, BR: tl.constexpr,
+    dangle, carry, temp, dphi, d_b, d_t, d_h, temp_h, T, NT, N, S, cu_seqlens, chunk_seq, cu_chunks,
+    Hk: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, CPP: tl.constexpr, HPP: tl.constexpr, BR: tl.constexpr,
     VARLEN: tl.constexpr,
 ):
-    """``dφ_t = Θ · Σ_{s ≥ t, same sequence} dL/dangle_s``: the chunk's reverse cumsum
-    (sub-tiles last to first, carried in float64) plus the carry from later chunks."""
-    SUB: tl.constexpr = min(ST, BT)
-    pid_c, hk = tl.program_id(0), tl.program_id(1)
-    b, _n, t0, t_end, valid = _chunk_span(pid_c, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, BT, VARLEN)
-    if valid:
-        rr = tl.arange(0, BR)
-        mr = rr < R
-        after = tl.load(carry + (pid_c * Hk + hk) * R + rr, mask=mr, other=0.0)
-        theta = tl.load(temp + hk * temp_h + rr, mask=mr, other=0.0).to(tl.float64)
-        for s in range(0, BT, SUB):
-            t = t0 + (BT - SUB - s) + tl.arange(0, SUB)
-            m = (t < t_end)[:, None] & mr[None, :]
-            token = b * T + t
-            x = tl.load(dangle + (token[:, None] * Hk + hk) * R + rr[None, :], mask=m, other=0.0).to(tl.float64)
-            suffix = tl.cumsum(x, 0, reverse=True) + after[None, :]
-            after += tl.sum(x, 0)
-            out = dphi + b * d_b + t[:, None] * d_t + hk * d_h + rr[None, :]
-            tl.store(out, _out(theta[None, :] * suffix, dphi), mask=m)
+    """``dφ_t = Θ · Σ_{s ≥ t, same sequence} dL/dangle_s`` for ``CPP`` chunks and ``HPP`` key
+    heads at once: each chunk's reverse cumsum (float32 unless float64) plus the float64
+    carry from later chunks, rounded to float32 once."""
+    slots, b, t, h, r, m, valid, slot_ch, ms = _light_tile(
+        tl.program_id(0), tl.program_id(1), S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk, R, BT, CPP, HPP, BR, VARLEN)
+    token = b[:, None] * T + t
+    x = tl.load(dangle + (token[:, :, None] * Hk + h[None, None, :]) * R + r[None, None, :], mask=m, other=0.0)
+    after = tl.load(carry + slot_ch, mask=ms & valid[:, None], other=0.0)
+    theta = tl.load(temp + h * temp_h + r, mask=(h < Hk) & (r < R), other=0.0)
+    if x.dtype == tl.float64:
+        suffix = tl.cumsum(x, 1, reverse=True) + after[:, None, :]
+        theta = theta.to(tl.float64)
+    else:
+        suffix = tl.cumsum(x, 1, reverse=True) + after.to(tl.float32)[:, None, :]
+        theta = theta.to(tl.float32)
+    out = dphi + b[:, None, None] * d_b + t[:, :, None] * d_t + (h * d_h + r)[None, None, :]
+    tl.store(out, _out(theta[None, None, :] * suffix, dphi), mask=m)
 
 
 @triton.jit

@@ -22,15 +22,31 @@ import triton
 
 from srope.ops.triton import kernels
 
-SCAN_BLOCK_R = 16  # channels per program of the chunk scans (8 warps)
-SCAN_BLOCK_C = 128  # chunks per step of the chunk scans
-LIGHT_SUB_T = 16  # sub-tile of the light kernels (chunk sums, dphi; 4 warps)
-# Autotuned on the GPU (the heavy kernels only): (sub-tile tokens ST, warps). A thread
-# holds ST·R/(32·warps) elements of every tile. Compiled for sm_90 (ptxas -v, R = 64, bf16;
-# ``python -m tests.triton.compile_sm90``): forward 127 / 128 / 64 / 64 and backward
-# 168 / 206-222 / 123-128 / 95-112 registers for the four configs, none spilling.
+# The chunk scans walk a sequence's chunks in steps of BC chunks x BRS channels (about
+# SCAN_ELEMENTS, 8 warps): long sequences take long steps (few serial steps when a batch of
+# one leaves few programs), short ones more channels per program.
+SCAN_ELEMENTS = 4096
+# The rotation kernels take a whole chunk as one tile: a loop over sub-tiles carries the
+# phase from one to the next and leaves too few loads in flight (H200, 8x4096x4x128 bf16,
+# profiler: 32-token chunks as one tile ran the forward in 0.055 ms, 64-token chunks as two
+# tiles of 32 in 0.092). Chunks hold about TILE_ELEMENTS (tokens x pairs, 4 warps): the
+# fastest of the tiles swept by benchmarks/tune_rotation.py at R = 64 (16 tokens) and
+# R = 32 (32 tokens). The light kernels take several chunks and key heads per program:
+# LIGHT_ELEMENTS for dphi, twice that for the chunk sums (8x4096x4x128: chunk sums 0.015 ->
+# 0.008 ms from 8192 to 16384 elements; dphi 0.023 -> 0.025). Under TRITON_INTERPRET=1 the rotation
+# kernels walk their chunk in sub-tiles of INTERPRET_SUB_T tokens (the loop stays tested);
+# on the GPU, chunks longer than MAX_SUB_T tokens (block_t given) in sub-tiles of that many.
+TILE_ELEMENTS = 1024
+MAX_SUB_T = 64  # bounds the float32 in-tile phase scan (see kernels._selective_angles)
+LIGHT_ELEMENTS = 8192
+INTERPRET_SUB_T = 8
+# ptxas left the forward rotation and the chunk sums at 96 / 80 registers with 8 / 48 bytes
+# of spills (sm_90, R = 64, bf16); allowing up to 255 removes them (tests/triton/compile_sm90.py).
+NO_SPILL = {"maxnreg": 255}
+# q/k dtypes whose rotation forms angles with a float32 in-tile scan (kernels._selective_angles).
+FAST_SCAN_DTYPES = (torch.bfloat16, torch.float16)
+# RoPE's kernels carry nothing between sub-tiles: autotuned (sub-tile tokens ST, warps).
 TUNE_CONFIGS = ((16, 4), (32, 8), (16, 8), (8, 4))
-INTERPRET_TILE = {"ST": 8, "num_warps": 4}  # fixed under TRITON_INTERPRET=1
 
 
 def interpreting() -> bool:
@@ -45,16 +61,36 @@ def _tuned(fn, key):
     return triton.autotune(configs=configs, key=key, cache_results=True)(fn)
 
 
-_ROTATE_KEY = ["Hk", "G", "R", "P", "BT", "VARLEN", "F64"]
-_srope_fwd = _tuned(kernels.srope_fwd_kernel, _ROTATE_KEY)
-_srope_bwd = _tuned(kernels.srope_bwd_kernel, _ROTATE_KEY + ["STORE_DANGLE", "TEMP_GRAD"])
 _rope_fwd = _tuned(kernels.rope_fwd_kernel, ["G", "R", "P", "BT", "F64"])
 _rope_bwd = _tuned(kernels.rope_bwd_kernel, ["Hk", "G", "R", "P", "BT", "F64", "FREQ_GRAD"])
 
 
-def _tile() -> dict:
-    """Tile options of the heavy kernels: autotuned on the GPU, fixed when interpreted."""
-    return dict(INTERPRET_TILE) if interpreting() else {}
+def _rope_tile() -> dict:
+    return {"ST": INTERPRET_SUB_T, "num_warps": 4} if interpreting() else {}
+
+
+def _tile(block_t: int, block_r: int) -> dict:
+    """Sub-tile and warps of the Selective RoPE rotation kernels: the whole chunk on the GPU."""
+    if interpreting():
+        return {"ST": INTERPRET_SUB_T, "num_warps": 4}
+    return {"ST": min(block_t, MAX_SUB_T), "num_warps": 8 if block_t * block_r >= 4 * TILE_ELEMENTS else 4}
+
+
+def _scan_tile(chunks_per_sequence: int, block_r: int) -> dict:
+    """Chunks per step (BC) and channels per program (BRS) of the chunk scans."""
+    steps = min(1024, triton.next_power_of_2(max(chunks_per_sequence, 1)))
+    return {"BC": steps, "BRS": max(1, min(block_r, SCAN_ELEMENTS // steps)), "num_warps": 8}
+
+
+def _light_tile(block_t: int, block_r: int, key_heads: int, elements: int = LIGHT_ELEMENTS) -> dict:
+    """Key heads (HPP) and chunks (CPP) per program and warps of the chunk-sum and dphi
+    kernels: about ``elements`` elements, whole [Hk, R] rows where they fit."""
+    heads = min(triton.next_power_of_2(key_heads), max(1, elements // (block_t * block_r)))
+    return {"HPP": heads, "CPP": max(1, elements // (block_t * heads * block_r)), "num_warps": 4}
+
+
+def _no_spill() -> dict:
+    return {} if interpreting() else dict(NO_SPILL)
 
 
 def on_device(x: torch.Tensor):
@@ -73,10 +109,11 @@ def _guarded(fn):
     return wrapper
 
 
-def default_block_t(batch: int, length: int, key_heads: int) -> int:
-    """Chunk length: 64 tokens, halved (down to 16) while fewer than 1024 programs would
-    run, so that small batches still spread over every SM of the GPU."""
-    block_t = 64
+def default_block_t(batch: int, length: int, key_heads: int, pairs: int = 64) -> int:
+    """Chunk length: about TILE_ELEMENTS / pairs tokens (16 to 128; 32 for R = 64), halved
+    (down to 16) while fewer than 1024 programs would run, so that small batches still
+    spread over every SM of the GPU."""
+    block_t = min(128, max(16, TILE_ELEMENTS // triton.next_power_of_2(max(pairs, 1))))
     while block_t > 16 and batch * key_heads * triton.cdiv(max(length, 1), block_t) < 1024:
         block_t //= 2
     return block_t
@@ -109,6 +146,13 @@ def _meta(q: torch.Tensor, k: torch.Tensor, pairs: int, block_t: int, *others: t
         F64=any(x.dtype == torch.float64 for x in (q, k, *others)),
         PRECISE=not interpreting(),
     )
+
+
+def _selective_meta(q: torch.Tensor, k: torch.Tensor, pairs: int, block_t: int, *others: torch.Tensor) -> dict:
+    """``_meta`` plus the Selective RoPE kernels' angle path and tile."""
+    meta = _meta(q, k, pairs, block_t, *others)
+    meta["FAST"] = q.dtype in FAST_SCAN_DTYPES and k.dtype in FAST_SCAN_DTYPES
+    return {**meta, **_tile(block_t, meta["BR"])}
 
 
 def chunk_tables(cu_seqlens: torch.Tensor, length: int, block_t: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,24 +203,25 @@ def selective_rope_fwd(
     final = torch.empty(count, key_heads, pairs, **f64)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    meta = _meta(q, k, pairs, block_t, phi, temperature)
+    meta = _selective_meta(q, k, pairs, block_t, phi, temperature)
     table = (cu_seqlens, chunk_seq, cu_chunks) if varlen else (sums, sums, sums)
     temp_h = pairs if temperature.dim() == 2 else 0
+    light = _light_tile(block_t, meta["BR"], key_heads, 2 * LIGHT_ELEMENTS)
     if slots > 0:
-        kernels.chunk_sum_kernel[(slots, key_heads)](
-            phi, sums, base, *_bth(phi), length, per_row, count, *table,
-            Hk=key_heads, R=pairs, BT=block_t, ST=LIGHT_SUB_T, BR=meta["BR"], VARLEN=varlen, num_warps=4,
+        kernels.chunk_sum_kernel[(triton.cdiv(slots, light["CPP"]), triton.cdiv(key_heads, light["HPP"]))](
+            phi, sums, base, *_bth(phi), length, per_row, count, slots, *table,
+            Hk=key_heads, R=pairs, BT=block_t, BR=meta["BR"], VARLEN=varlen, **light, **_no_spill(),
         )
-    kernels.chunk_scan_fwd_kernel[(count, key_heads, triton.cdiv(pairs, SCAN_BLOCK_R))](
+    scan = _scan_tile(per_row, meta["BR"])
+    kernels.chunk_scan_fwd_kernel[(count, key_heads, triton.cdiv(pairs, scan["BRS"]))](
         sums, base, sums if offset is None else offset.contiguous(), final, per_row, table[2],
-        Hk=key_heads, R=pairs, BRS=SCAN_BLOCK_R, BC=SCAN_BLOCK_C,
-        HAS_OFFSET=offset is not None, VARLEN=varlen, num_warps=8,
+        Hk=key_heads, R=pairs, HAS_OFFSET=offset is not None, VARLEN=varlen, **scan,
     )
     if slots > 0:
-        _srope_fwd[(slots, key_heads)](
+        kernels.srope_fwd_kernel[(slots, key_heads)](
             q, k, phi, temperature, base, q_out, k_out,
             *_bth(q), *_bth(k), *_bth(q_out), *_bth(k_out), *_bth(phi), temp_h,
-            length, per_row, count, *table, Hk=key_heads, VARLEN=varlen, **meta, **_tile(),
+            length, per_row, count, *table, Hk=key_heads, VARLEN=varlen, **meta, **_no_spill(),
         )
     return q_out, k_out, final, base
 
@@ -210,7 +255,7 @@ def selective_rope_bwd(
     count = cu_seqlens.shape[0] - 1 if varlen else batch
     per_row = triton.cdiv(length, block_t)
     slots = base.shape[0]
-    meta = _meta(q, k, pairs, block_t, phi, temperature)
+    meta = _selective_meta(q, k, pairs, block_t, phi, temperature)
     table = (cu_seqlens, chunk_seq, cu_chunks) if varlen else (base, base, base)
     temp_h = pairs if temperature.dim() == 2 else 0
     need_dangle = phi_grad or offset_grad
@@ -225,26 +270,28 @@ def selective_rope_bwd(
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if slots > 0:
-        _srope_bwd[(slots, key_heads)](
+        kernels.srope_bwd_kernel[(slots, key_heads)](
             q, k, dq_out, dk_out, phi, temperature, base, dq, dk, dangle, dtotal, dtemp_part,
             *_bth(q), *_bth(k), *_bth(dq_out), *_bth(dk_out), *_bth(dq), *_bth(dk), *_bth(phi), temp_h,
             length, per_row, count, *table, Hk=key_heads, VARLEN=varlen,
-            STORE_DANGLE=need_dangle, TEMP_GRAD=temperature_grad, **meta, **_tile(),
+            STORE_DANGLE=need_dangle, TEMP_GRAD=temperature_grad, **meta,
         )
     carry = buffer((slots, key_heads, pairs), phi_grad)
     doffset = buffer((count, key_heads, pairs), offset_grad)
     dtemp_seq = buffer((count, key_heads, pairs), temperature_grad)
     if need_dangle or temperature_grad:
-        kernels.chunk_scan_bwd_kernel[(count, key_heads, triton.cdiv(pairs, SCAN_BLOCK_R))](
+        scan = _scan_tile(per_row, meta["BR"])
+        kernels.chunk_scan_bwd_kernel[(count, key_heads, triton.cdiv(pairs, scan["BRS"]))](
             dtotal, dtemp_part, carry, temperature, doffset, dtemp_seq, temp_h, per_row, table[2],
-            Hk=key_heads, R=pairs, BRS=SCAN_BLOCK_R, BC=SCAN_BLOCK_C, CARRY=phi_grad,
-            OFFSET_GRAD=offset_grad, TEMP_GRAD=temperature_grad, VARLEN=varlen, num_warps=8,
+            Hk=key_heads, R=pairs, CARRY=phi_grad, OFFSET_GRAD=offset_grad, TEMP_GRAD=temperature_grad,
+            VARLEN=varlen, **scan,
         )
     dphi = buffer(phi.shape, phi_grad, phi.dtype)
     if phi_grad and slots > 0:
-        kernels.dphi_kernel[(slots, key_heads)](
-            dangle, carry, temperature, dphi, *_bth(dphi), temp_h, length, per_row, count, *table,
-            Hk=key_heads, R=pairs, BT=block_t, ST=LIGHT_SUB_T, BR=meta["BR"], VARLEN=varlen, num_warps=4,
+        light = _light_tile(block_t, meta["BR"], key_heads)
+        kernels.dphi_kernel[(triton.cdiv(slots, light["CPP"]), triton.cdiv(key_heads, light["HPP"]))](
+            dangle, carry, temperature, dphi, *_bth(dphi), temp_h, length, per_row, count, slots, *table,
+            Hk=key_heads, R=pairs, BT=block_t, BR=meta["BR"], VARLEN=varlen, **light,
         )
     return dq, dk, dphi, dtemp_seq, doffset
 
@@ -328,7 +375,9 @@ def selective_rope_triton(
     Inputs as in :func:`srope.ops.rotary.selective_rope` (validated there). ``block_t``:
     chunk length, a power of two (default :func:`default_block_t`).
     """
-    block_t = _check_block_t(default_block_t(q.shape[0], q.shape[1], k.shape[2]) if block_t is None else block_t)
+    if block_t is None:
+        block_t = default_block_t(q.shape[0], q.shape[1], k.shape[2], phi.shape[3])
+    block_t = _check_block_t(block_t)
     cu_chunks = chunk_seq = None
     if cu_seqlens is not None:
         cu_chunks, chunk_seq = chunk_tables(cu_seqlens, q.shape[1], block_t)
@@ -354,7 +403,7 @@ def rope_fwd(
     if batch * per_row > 0:
         _rope_fwd[(batch * per_row, key_heads)](
             q, k, positions, inv_freq, q_out, k_out, *_bth(q), *_bth(k), *_bth(q_out), *_bth(k_out),
-            positions.stride(0), positions.stride(1), length, per_row, **meta, **_tile(),
+            positions.stride(0), positions.stride(1), length, per_row, **meta, **_rope_tile(),
         )
     return q_out, k_out
 
@@ -387,7 +436,7 @@ def rope_bwd(
             q, k, dq_out, dk_out, positions, inv_freq, dq, dk, partial,
             *_bth(q), *_bth(k), *_bth(dq_out), *_bth(dk_out), *_bth(dq), *_bth(dk),
             positions.stride(0), positions.stride(1), length, per_row,
-            Hk=key_heads, FREQ_GRAD=freq_grad, **meta, **_tile(),
+            Hk=key_heads, FREQ_GRAD=freq_grad, **meta, **_rope_tile(),
         )
     return dq, dk, partial
 
@@ -427,5 +476,7 @@ def rope_triton(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, *, block_t: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fixed-frequency RoPE with the Triton kernel (inputs validated by :func:`srope.ops.rotary.rope`)."""
-    block_t = _check_block_t(default_block_t(q.shape[0], q.shape[1], k.shape[2]) if block_t is None else block_t)
+    if block_t is None:
+        block_t = default_block_t(q.shape[0], q.shape[1], k.shape[2], inv_freq.shape[0])
+    block_t = _check_block_t(block_t)
     return rope_fwd(q, k, positions, inv_freq, block_t)
