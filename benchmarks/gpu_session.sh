@@ -69,6 +69,23 @@ stage_speed() {  # op, layer and model benchmarks (the issue's three levels)
   run 150 python benchmarks/bench_model.py --preset gla-370m --out $R/model_h200.json
 }
 
+# `srope demo --device cuda` (the paper-scale preset) on the GPU while the spare CPU cores
+# screen CPU-preset recipes (benchmarks/screen_demo.py; SCREEN_VARIANTS, SCREEN_SEEDS)
+stage_demo() {
+  local screen_pid=
+  if [ -n "${SCREEN_VARIANTS:-}" ]; then
+    mkdir -p $R/demo_screen
+    OMP_NUM_THREADS=2 python benchmarks/screen_demo.py --variants "$SCREEN_VARIANTS" --seeds "${SCREEN_SEEDS:-0-4}" --threads 2 \
+      --out $R/demo_screen/screen.json > $R/demo_screen/screen.log 2>&1 &
+    screen_pid=$!
+  fi
+  run ${DEMO_LIMIT:-240} $FAST -m srope demo --device cuda --out $R/demo_cuda
+  if [ -n "$screen_pid" ]; then
+    timeout ${SCREEN_WAIT:-240} tail --pid=$screen_pid -f /dev/null; kill $screen_pid 2>/dev/null
+    tail -n 12 $R/demo_screen/screen.log
+  fi
+}
+
 stage_op() {
   run ${OP_LIMIT:-240} python benchmarks/bench_op.py --out $R/op_h200.json
 }

@@ -103,6 +103,8 @@ def test_parallel_workers_match_sequential(tmp_path):
         ({"config": dataclasses.replace(TINY, betas=(0.9, 1.0))}, ValueError, "betas"),
         ({"config": dataclasses.replace(TINY, adam_eps=0.0)}, ValueError, "adam_eps must be a positive number"),
         ({"config": dataclasses.replace(TINY, eval_size=0)}, ValueError, "eval_size must be a positive integer"),
+        ({"config": dataclasses.replace(TINY, mixed_density=1.5)}, ValueError, r"mixed_density must be in \[0, 1\]"),
+        ({"config": dataclasses.replace(TINY, mixed_from_stage=2)}, ValueError, r"mixed_from_stage must be a curriculum stage index in \[0, 2\)"),
     ],
 )
 def test_run_demo_rejects_bad_arguments(tmp_path, kwargs, error, match):
@@ -154,6 +156,23 @@ def test_metric_recomputed_by_xor():
     np.testing.assert_allclose(scored["curve"], expected_curve)
     errors = first_two_ones.sum() + ends_in_zero.sum()
     assert scored["token_acc"] == pytest.approx(1 - errors / targets.size)
+
+
+def test_mixed_density_stream():
+    """From ``mixed_from_stage`` on, ``mixed_density`` of the rows have their own bit density
+    (row means spread far beyond a fair coin's), labels stay the XOR of the bits, and
+    earlier stages stay uniform."""
+    config = dataclasses.replace(TINY, curriculum=((64, 30), (64, 30)), batch_size=64, mixed_density=1.0, mixed_from_stage=1)
+    spread = {}
+    for step, inputs, targets in demo.train_batches(config, seed=2):
+        bits = inputs[:, 1:].astype(np.int64)
+        np.testing.assert_array_equal(targets, parity_targets(bits))
+        spread.setdefault(config.stage_at(step), []).append(bits.mean(1).std())
+    fair = 0.5 / np.sqrt(64)  # the std of a fair-coin row mean
+    assert np.mean(spread[0]) < 1.3 * fair and np.mean(spread[1]) > 3 * fair  # U(0, 1) densities: std ~0.29
+    half = dataclasses.replace(config, mixed_density=0.5, mixed_from_stage=0)
+    extreme = [np.mean(np.abs(x[:, 1:].mean(1) - 0.5) > 0.3) for _, x, _ in demo.train_batches(half, seed=2)]
+    assert 0.17 < np.mean(extreme) < 0.23  # half the rows mixed, of which ~40% have |p - 1/2| > 0.3; fair rows ~never
 
 
 def test_trained_model_accuracy_by_hand():

@@ -134,7 +134,11 @@ def _row_hash(words: np.ndarray) -> np.ndarray:
 
 def make_split(group: Group, length: int, count: int, rng: np.random.Generator, distinct: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Model inputs ``[BOS, x_1 … x_L]`` and tagging targets ``[BOS, s_1 … s_L]``, ``[N, L+1]``."""
-    words = sample_words(group, length, count, rng, distinct)
+    return tag_words(group, sample_words(group, length, count, rng, distinct))
+
+
+def tag_words(group: Group, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs and tagging targets (as :func:`make_split`) of given words ``[N, L]``."""
     states = prefix_products(group, words).astype(words.dtype)
     bos = np.full((len(words), 1), bos_id(group), dtype=words.dtype)
     return np.concatenate([bos, words], axis=1), np.concatenate([bos, states], axis=1)

@@ -1,0 +1,105 @@
+"""Screen `srope demo` recipes over seeds, many runs at once (how the CPU preset was chosen).
+
+Each variant is the CPU preset with some fields replaced (``model`` and ``selective_rope``
+entries are merged into the preset's dicts). Every (variant, seed) pair trains the Selective
+RoPE model only (NoPE and RoPE stay at 0 in every run seen so far; the full demo checks them)
+and is scored on ``--eval-size`` fresh sequences at 128 and 512. Runs go ``--threads`` threads
+each, as many at once as the cores allow, so a 16-core host screens eight runs at a time.
+
+    python benchmarks/screen_demo.py --variants variants.json --seeds 0-4 --out screen.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import time
+
+
+def parse_seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        seeds.extend(range(int(lo), int(hi or lo) + 1))
+    return seeds
+
+
+def variant_config(overrides: dict, eval_size: int):
+    from srope import demo
+
+    base = demo.CPU
+    fields = dict(overrides)
+    for name in ("model", "selective_rope"):
+        if name in fields:
+            fields[name] = {**getattr(base, name), **fields[name]}
+    if "curriculum" in fields:
+        fields["curriculum"] = tuple(tuple(stage) for stage in fields["curriculum"])
+    if "betas" in fields:
+        fields["betas"] = tuple(fields["betas"])
+    config = dataclasses.replace(base, eval_size=eval_size, **fields)
+    config.check()
+    return config
+
+
+def run_one(job: tuple[str, dict, int, int, int, str]) -> dict:
+    name, overrides, seed, eval_size, threads, kind = job
+    import torch
+
+    from srope import demo
+
+    torch.set_num_threads(threads)
+    config = variant_config(overrides, eval_size)
+    start = time.perf_counter()
+    try:
+        data = demo.eval_sets(config, seed)
+        run = demo.train_one(kind, config, seed, "cpu", data)
+    except Exception as error:  # one broken variant must not void the screen
+        return {"variant": name, "seed": seed, "kind": kind, "error": repr(error)}
+    return {"variant": name, "seed": seed, "kind": kind, "seq_acc": run["seq_acc"], "final_loss": run["final_loss"],
+            "loss_at": {str(s): run["loss"][s - 1] for s in (50, 150, 250, 350, 450) if s <= len(run["loss"])},
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", required=True, help="JSON file: {name: {field: value, ...}, ...}")
+    parser.add_argument("--seeds", default="0-4")
+    parser.add_argument("--eval-size", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kinds", default="selective_rope", help="comma-separated position encodings")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    with open(args.variants) as f:
+        variants = json.load(f)
+    jobs = [(name, overrides, seed, args.eval_size, args.threads, kind)
+            for name, overrides in variants.items() for seed in parse_seeds(args.seeds) for kind in args.kinds.split(",")]
+    for name, overrides in variants.items():
+        variant_config(overrides, args.eval_size)  # fail before starting anything
+    procs = max(1, (os.cpu_count() or 1) // args.threads)
+    results = []
+    start = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(procs, maxtasksperchild=1) as pool:
+        for result in pool.imap_unordered(run_one, jobs):
+            results.append(result)
+            acc = result.get("seq_acc", {})
+            print(f"[{time.perf_counter() - start:6.0f} s] {result['variant']:<24} seed {result['seed']} {result['kind']:<15}"
+                  f" @train {acc.get('train', float('nan')):.3f} @eval {acc.get('eval', float('nan')):.3f}"
+                  f" {result.get('seconds', 0):.0f} s {result.get('error', '')}", flush=True)
+            with open(args.out, "w") as f:
+                json.dump({"variants": variants, "results": results, "cores": os.cpu_count(), "threads": args.threads}, f, indent=1)
+    by_variant: dict[str, list[dict]] = {}
+    for result in results:
+        by_variant.setdefault(result["variant"], []).append(result)
+    for name, rows in by_variant.items():
+        rows = [r for r in rows if "seq_acc" in r and r["kind"] == "selective_rope"]
+        good = sum(r["seq_acc"]["train"] >= 0.99 and r["seq_acc"]["eval"] >= 0.9 for r in rows)
+        print(f"{name:<24} meets targets {good}/{len(rows)}: "
+              + " ".join(f"s{r['seed']} {r['seq_acc']['train']:.2f}/{r['seq_acc']['eval']:.2f}" for r in sorted(rows, key=lambda r: r["seed"])))
+
+
+if __name__ == "__main__":
+    main()
