@@ -175,6 +175,17 @@ def test_mixed_density_stream():
     assert 0.17 < np.mean(extreme) < 0.23  # half the rows mixed, of which ~40% have |p - 1/2| > 0.3; fair rows ~never
 
 
+def test_position_weight_decay_groups():
+    config = dataclasses.replace(TINY, weight_decay=0.1, position_weight_decay=False)
+    for kind, decays in (("nope", [0.1]), ("selective_rope", [0.1, 0.0])):
+        model = demo.build_model(config, kind, seed=0)
+        groups = demo.make_optimizer(model, config).param_groups
+        assert [g["weight_decay"] for g in groups] == decays
+        assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    model = demo.build_model(TINY, "selective_rope", seed=0)
+    assert [g["weight_decay"] for g in demo.make_optimizer(model, dataclasses.replace(TINY, weight_decay=0.1)).param_groups] == [0.1, 0.1]
+
+
 def test_trained_model_accuracy_by_hand():
     """The demo's score of a (briefly) trained model equals a by-hand count on a few sequences."""
     model, losses = demo.train_model("selective_rope", TINY, seed=0, device="cpu")
