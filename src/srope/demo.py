@@ -232,7 +232,9 @@ class DemoConfig:
 # @512 0.01 / 1.00 / 0.72 / 0.97 / 1.00 (3/5 meet); the same with a 350-step last stage
 # 0.00 / 0.00 / 1.00 / 0.92 / 1.00, with weight decay 0.3 0.00 / 0.00 / 0.99 / 1.00 / 1.00,
 # with a mixed last stage 1/5, mixed from stage 2 3/5, label smoothing 0 0/5 (all learn).
-# The most promising lead, not the preset: seed 0 stays at <= 0.01 @512 in every variant.
+# A longer linear cooldown over the length switches (450 or 600 of 600 steps): 2/5 and 1/5
+# (seed 0 0.00; with lr 2e-3 seeds 0 and 1 0.00, the rest not run). The most promising lead,
+# not the preset: seed 0 stays at <= 0.01 @512 in every variant.
 _SELECTIVE_ROPE = {
     "projection": "full-rank", "conv_size": 1, "conv_activation": None, "bias": True, "gate": "per-channel",
     "spectrum": "uniform", "max_temperature": math.pi,
