@@ -162,6 +162,8 @@ class DemoConfig:
                 f"warmup_steps and cooldown_steps must be >= 0 with warmup_steps + cooldown_steps <= steps={self.steps}, "
                 f"got {self.warmup_steps} and {self.cooldown_steps}"
             )
+        if not isinstance(self.position_weight_decay, bool):
+            raise TypeError(f"position_weight_decay must be True or False, got {self.position_weight_decay!r}")
         if not 0 <= self.mixed_density <= 1:
             raise ValueError(f"mixed_density must be in [0, 1], got {self.mixed_density}")
         if not 0 <= self.mixed_from_stage < len(self.curriculum):

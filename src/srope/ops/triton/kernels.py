@@ -219,7 +219,7 @@ def _selective_angles(phi, p_b, p_t, p_h, b, t, mt, hk, rr, mr, theta, start, ca
 
 
 @triton.jit
-def _light_tile(pid, hb, S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk: tl.constexpr, R: tl.constexpr,
+def _light_block(pid, hb, S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk: tl.constexpr, R: tl.constexpr,
                 BT: tl.constexpr, CPP: tl.constexpr, HPP: tl.constexpr, BR: tl.constexpr, VARLEN: tl.constexpr):
     """Chunk slots ``[CPP]``, batch rows, tokens ``[CPP, BT]``, heads and pairs ``[HPP·BR]``
     and the masks of one light-kernel program: ``CPP`` chunks × ``HPP`` key heads, so that
@@ -246,7 +246,7 @@ def chunk_sum_kernel(
     key heads at once (a program per chunk and head would be too small to keep loads in
     flight); unused slots of a packed batch get ``base = 0`` (so that every element of the
     saved ``base`` is defined)."""
-    slots, b, t, h, r, m, valid, slot_ch, ms = _light_tile(
+    slots, b, t, h, r, m, valid, slot_ch, ms = _light_block(
         tl.program_id(0), tl.program_id(1), S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk, R, BT, CPP, HPP, BR, VARLEN)
     x = tl.load(phi + b[:, None, None] * p_b + t[:, :, None] * p_t + (h * p_h + r)[None, None, :], mask=m, other=0.0)
     tl.store(sums + slot_ch, tl.sum(x.to(tl.float64), 1), mask=ms & valid[:, None])
@@ -405,7 +405,7 @@ def dphi_kernel(
     """``dφ_t = Θ · Σ_{s ≥ t, same sequence} dL/dangle_s`` for ``CPP`` chunks and ``HPP`` key
     heads at once: each chunk's reverse cumsum (float32 unless float64) plus the float64
     carry from later chunks, rounded to float32 once."""
-    slots, b, t, h, r, m, valid, slot_ch, ms = _light_tile(
+    slots, b, t, h, r, m, valid, slot_ch, ms = _light_block(
         tl.program_id(0), tl.program_id(1), S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk, R, BT, CPP, HPP, BR, VARLEN)
     token = b[:, None] * T + t
     x = tl.load(dangle + (token[:, :, None] * Hk + h[None, None, :]) * R + r[None, None, :], mask=m, other=0.0)

@@ -65,14 +65,19 @@ _rope_fwd = _tuned(kernels.rope_fwd_kernel, ["G", "R", "P", "BT", "F64"])
 _rope_bwd = _tuned(kernels.rope_bwd_kernel, ["Hk", "G", "R", "P", "BT", "F64", "FREQ_GRAD"])
 
 
+def _interpreted_tile() -> dict:
+    return {"ST": INTERPRET_SUB_T, "num_warps": 4}
+
+
 def _rope_tile() -> dict:
-    return {"ST": INTERPRET_SUB_T, "num_warps": 4} if interpreting() else {}
+    """Fixed under the interpreter; autotuned on the GPU."""
+    return _interpreted_tile() if interpreting() else {}
 
 
 def _tile(block_t: int, block_r: int) -> dict:
     """Sub-tile and warps of the Selective RoPE rotation kernels: the whole chunk on the GPU."""
     if interpreting():
-        return {"ST": INTERPRET_SUB_T, "num_warps": 4}
+        return _interpreted_tile()
     return {"ST": min(block_t, MAX_SUB_T), "num_warps": 8 if block_t * block_r >= 4 * TILE_ELEMENTS else 4}
 
 
@@ -110,7 +115,7 @@ def _guarded(fn):
 
 
 def default_block_t(batch: int, length: int, key_heads: int, pairs: int = 64) -> int:
-    """Chunk length: about TILE_ELEMENTS / pairs tokens (16 to 128; 32 for R = 64), halved
+    """Chunk length: about TILE_ELEMENTS / pairs tokens (16 to 128; 16 for R = 64), halved
     (down to 16) while fewer than 1024 programs would run, so that small batches still
     spread over every SM of the GPU."""
     block_t = min(128, max(16, TILE_ELEMENTS // triton.next_power_of_2(max(pairs, 1))))
