@@ -86,6 +86,21 @@ stage_demo() {
   fi
 }
 
+stage_generator() {  # the short conv through fla and the x̂-free generator: checks, profile, layer
+  run 200 python -m pytest tests/ops/test_conv.py tests/triton -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
+  run 150 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
+  run 150 python benchmarks/bench_layer.py --out $R/layer_h200.json
+}
+
+stage_model() {  # the HF models on CUDA (cached generation with the fla conv), then their speed
+  run 150 python benchmarks/bench_model.py --preset gla-370m --out $R/model_h200.json
+  run 240 $FAST benchmarks/check_cuda_models.py --out $R/models_cuda_h200.json
+}
+
+stage_profile() {  # kernel by kernel: the GLA layer with each PE, the angle generator, its conv
+  run ${PROFILE_LIMIT:-200} python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
+}
+
 stage_op() {
   run ${OP_LIMIT:-240} python benchmarks/bench_op.py --out $R/op_h200.json
 }

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from srope.ops.conv import ACTIVATIONS, causal_conv
+from srope.ops.conv import ACTIVATIONS, short_conv
 from srope.ops.layout import RowLayout
 
 
@@ -17,8 +17,12 @@ class ShortConvolution(nn.Module):
     ``forward`` takes the batch's :class:`RowLayout` so that padded tokens are invisible
     and packed sequences restart, and carries ``state [N, C, W-1]`` (the last ``W-1``
     inputs of every sequence) for chunked prefill and decoding. The weight layout is
-    ``nn.Conv1d``'s depthwise ``[C, 1, W]``, the current token last.
+    ``nn.Conv1d``'s depthwise ``[C, 1, W]``, the current token last. ``backend`` chooses the
+    implementation (:func:`srope.ops.conv.short_conv`: ``"auto"`` takes fla's Triton kernel
+    on CUDA).
     """
+
+    backend = "auto"
 
     def __init__(self, channels: int, kernel_size: int = 4, activation: str | None = None, bias: bool = False):
         super().__init__()
@@ -49,13 +53,7 @@ class ShortConvolution(nn.Module):
     def forward(
         self, x: torch.Tensor, layout: RowLayout, state: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = layout.to_rows(x)
-        lengths = None if layout.identity else layout.lengths
-        out, final = causal_conv(rows, self.kernel(), state, lengths, self.bias)
-        act = ACTIVATIONS[self.activation]
-        if act is not None:
-            out = act(out)
-        return layout.from_rows(out), final
+        return short_conv(x, self.kernel(), layout, state, self.bias, self.activation, self.backend)
 
     def extra_repr(self) -> str:
         return f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}"

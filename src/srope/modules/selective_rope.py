@@ -20,6 +20,7 @@ from srope.modules.base import PositionEncoding
 from srope.modules.conv import FirstDifference, ShortConvolution
 from srope.modules.spectra import SPECTRA, temperature_spectrum
 from srope.ops.layout import RowLayout
+from srope.ops.projection import normalized_head_projection
 from srope.ops.reference import compute_dtype
 from srope.ops.rotary import selective_rope
 
@@ -175,20 +176,37 @@ class SelectiveRoPE(PositionEncoding):
             self._temperatures[key] = self.spectrum().to(device=key[0], dtype=dtype)
         return self._temperatures[key]
 
-    def normalized_input(self, x: torch.Tensor) -> torch.Tensor:
-        """x̂: the block input ℓ2-normalised per head chunk, ``[B, T, Hk, hidden/Hk]``, in
-        max(float32, x.dtype)."""
-        chunks = x.unflatten(-1, (self.num_heads, -1)).to(compute_dtype(x.dtype))
-        return chunks * torch.rsqrt(chunks.square().sum(-1, keepdim=True) + self.norm_eps)
-
-    def project(self, x_hat: torch.Tensor) -> torch.Tensor:
-        """The ω projection, ``[B, T, Hk, chunk] -> [B, T, Hk·R]``."""
+    def projection_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The ω map's first layer per head, ``[Hk, hidden/Hk, R]`` (full-rank, weight-normed
+        when configured) or ``[Hk, hidden/Hk, rank]`` (low-rank: this head's share)."""
         if self.projection == "low-rank":
-            return _linear(self.proj, x_hat.flatten(-2))
-        weight = self.proj_weight.to(x_hat.dtype)
+            return _per_head(self.proj[0].weight, self.num_heads).to(dtype)
+        weight = self.proj_weight.to(dtype)
         if self.weight_norm:
-            weight = self.proj_gain.to(x_hat.dtype)[:, None, None] * weight / weight.norm(dim=1, keepdim=True)
-        return torch.einsum("bthi,hir->bthr", x_hat, weight).flatten(-2)
+            weight = self.proj_gain.to(dtype)[:, None, None] * weight / weight.norm(dim=1, keepdim=True)
+        return weight
+
+    def generator_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """From the block input ``x [B, T, hidden]``: the projected increments before the
+        conv, ``u = W_ω x̂`` ``[B, T, Hk·R]``, and the phase gate ``sigmoid(...)`` of x̂
+        (``[B, T, Hk]``, per-channel ``[B, T, Hk·R]``; None without a gate), in
+        max(float32, x.dtype). x̂ is x ℓ2-normalised per head chunk; every first layer
+        acting on it runs in one :func:`normalized_head_projection` (x̂ is never built)."""
+        dtype = compute_dtype(x.dtype)
+        blocks = [self.projection_weight(dtype)]
+        if self.gate is not None:
+            first = self.gate if self.gate_type == "standard" else self.gate[0]
+            blocks.append(_per_head(first.weight, self.num_heads).to(dtype))
+        chunks = x.unflatten(-1, (self.num_heads, -1)).to(dtype)
+        y = normalized_head_projection(chunks, torch.cat(blocks, dim=-1), self.norm_eps)
+        parts = y.split([block.shape[-1] for block in blocks], dim=-1)
+        # Maps of the whole (flattened) x̂ are the sums of their per-head shares.
+        u = parts[0].flatten(-2) if self.projection == "full-rank" else _linear(self.proj[1], parts[0].sum(-2))
+        if self.gate is None:
+            return u, None
+        gate = parts[1].sum(-2)
+        gate = gate + self.gate.bias.to(dtype) if self.gate_type == "standard" else _linear(self.gate[1], gate)
+        return u, torch.sigmoid(gate)
 
     def phase_increments(
         self, x: torch.Tensor, layout: RowLayout, conv_state: torch.Tensor | None = None
@@ -196,22 +214,16 @@ class SelectiveRoPE(PositionEncoding):
         """φ ``[B, T, Hk, R]`` from the block input, and the conv's final state.
 
         Computed in max(float32, x.dtype) with autocast off: the increments are summed over
-        the whole sequence, so bf16 rounding of each would accumulate into the angles. The
-        generator is a small part of a layer's work (see benchmarks/results)."""
+        the whole sequence, so bf16 rounding of each would accumulate into the angles."""
         with torch.autocast(x.device.type, enabled=False):
-            x_hat = self.normalized_input(x)
-            phi, conv_state = self.conv(self.project(x_hat), layout, conv_state)
+            u, gate = self.generator_inputs(x)
+            phi, conv_state = self.conv(u, layout, conv_state)
             phi = phi.unflatten(-1, (self.num_heads, self.pairs))
             if self.bias is not None:
                 phi = phi + torch.exp(self.bias.to(phi.dtype))
-            if self.gate is not None:
-                gate = self.phase_gate(x_hat)
+            if gate is not None:
                 phi = phi * (gate.unflatten(-1, (self.num_heads, self.pairs)) if self.gate_type == "per-channel" else gate[..., None])
         return phi, conv_state
-
-    def phase_gate(self, x_hat: torch.Tensor) -> torch.Tensor:
-        """``sigmoid(...)`` of the normalised input: ``[B, T, Hk]`` or ``[B, T, Hk·R]`` (per-channel)."""
-        return torch.sigmoid(_linear(self.gate, x_hat.flatten(-2)))
 
     def decode_step(self, q, k, x, state: SelectiveRoPEState):
         """One token per sequence (q/k ``[N,1,..]``, x ``[N,1,hidden]``) through the fused
@@ -219,9 +231,7 @@ class SelectiveRoPE(PositionEncoding):
         from srope.ops.triton import selective_rope_decode_step
 
         with torch.autocast(x.device.type, enabled=False):
-            x_hat = self.normalized_input(x)
-            u = self.project(x_hat)
-            gate = None if self.gate is None else self.phase_gate(x_hat)
+            u, gate = self.generator_inputs(x)
         temperature = self.temperature(compute_dtype(q.dtype, u.dtype), q.device)
         q, k, conv, phase = selective_rope_decode_step(
             q, k, u, state.conv, self.conv.kernel().to(u.device), state.phase, temperature,
@@ -267,6 +277,11 @@ class SelectiveRoPE(PositionEncoding):
             f"pairs={self.pairs}, projection={self.projection}, gate={self.gate_type}, "
             f"bias={self.bias is not None}, spectrum={self.spectrum_kind} {self.spectrum_args}"
         )
+
+
+def _per_head(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """A ``Linear`` weight ``[out, hidden]`` as per-head shares ``[Hk, hidden/Hk, out]``."""
+    return weight.unflatten(1, (heads, -1)).permute(1, 2, 0)
 
 
 def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ class RowLayout:
     ) -> None:
         self.batch, self.length = batch, length
         self.mask = self.order = self.index = None
+        self.cu_seqlens = cu_seqlens
         if cu_seqlens is not None:
             starts = cu_seqlens[:-1].long()
             self.lengths = cu_seqlens[1:].long() - starts
@@ -60,6 +61,15 @@ class RowLayout:
         else:
             rows = x.gather(1, self.order.view(*self.order.shape, *([1] * (x.dim() - 2))).expand_as(x))
         return rows * self.valid.view(*self.valid.shape, *([1] * (x.dim() - 2)))
+
+    def take(self, x: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """``rows[n, steps[n, s]]`` as ``[N, S, ...]`` without building every row
+        (``steps [N, S]`` in ``[0, L)``)."""
+        if self.index is not None:
+            return x[0][self.index.gather(1, steps)]
+        if self.order is not None:
+            steps = self.order.gather(1, steps)
+        return x.gather(1, steps.view(*steps.shape, *([1] * (x.dim() - 2))).expand(*steps.shape, *x.shape[2:]))
 
     def from_rows(self, rows: torch.Tensor) -> torch.Tensor:
         if self.identity:

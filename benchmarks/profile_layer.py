@@ -1,0 +1,92 @@
+"""Where the GLA layer's time goes with each position encoding, kernel by kernel.
+
+At bench_layer's shapes (B 8, T 4096, hidden 1024, 4 heads, bf16 autocast, float32 weights
+and input, as in training), ``torch.profiler`` records the GPU kernels of one forward+backward
+of the layer with NoPE, RoPE and Selective RoPE (the paper's LM setting), of the Selective
+RoPE angle generator alone, and of its short convolution alone with each backend of
+:func:`srope.ops.conv.short_conv` (PyTorch's ``conv1d`` route, fla's Triton ``causal_conv1d``). Kernel names are shortened to their first 80 characters and summed.
+
+    python benchmarks/profile_layer.py --out benchmarks/results/profile_layer_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from benchmarks.bench_layer import HOSTS, POSITIONS, build
+from benchmarks.bench_op import kernel_time
+from benchmarks.common import environment, median_ms, write_json
+from srope.ops.conv import short_conv
+from srope.ops.layout import RowLayout
+
+
+def profile(fn, repeats: int = 5, top: int = 25) -> dict:
+    """Median eager ms (do_bench), GPU kernel ms per call, and the ``top`` kernels."""
+    fn()
+    fn()
+    timing = kernel_time(fn, repeats)
+    kernels: dict[str, float] = {}
+    for name, ms in timing["kernels"].items():
+        short = name[:80]
+        kernels[short] = round(kernels.get(short, 0.0) + ms, 4)
+    ranked = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:top])
+    return {"eager_ms": round(median_ms(fn), 4), "kernel_ms": round(timing["kernel_ms"], 4),
+            "kernels": ranked}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    device = "cuda"
+    batch, length, hidden = 8, 4096, 1024
+    autocast = torch.autocast(device, dtype=torch.bfloat16)
+    report = {"environment": environment(), "shape": {"batch": batch, "length": length, "hidden": hidden}, "layer": {}, "parts": {}}
+    torch.manual_seed(0)
+    x = torch.randn(batch, length, hidden, device=device, requires_grad=True)
+    grad = torch.randn_like(x)
+    layers = {}
+    for name, position in POSITIONS.items():
+        layer = layers[name] = build("gla", position, hidden, False, device)
+
+        def step(layer=layer):
+            with autocast:
+                out = layer(x)[0]
+            out.backward(grad)
+
+        report["layer"][name] = profile(step)
+        print(name, report["layer"][name]["kernel_ms"], report["layer"][name]["eager_ms"], flush=True)
+        write_json(args.out, report)
+
+    pe = layers["selective_rope"].position
+
+    def generator():
+        with autocast:
+            phi = pe.phase_increments(x, RowLayout(batch, length))[0]
+        phi.backward(torch.ones_like(phi))
+
+    report["parts"]["generator"] = profile(generator)
+    channels = pe.num_heads * pe.pairs
+    u = torch.randn(batch, length, channels, device=device, requires_grad=True)
+    weight = pe.conv.kernel().detach().clone().requires_grad_()
+    layout = RowLayout(batch, length)
+    for name in ("torch", "fla"):
+        fn = lambda name=name: short_conv(u, weight, layout, activation="silu", backend=name)[0]  # noqa: E731
+
+        def step(fn=fn):
+            out = fn()
+            out.backward(torch.ones_like(out))
+
+        try:
+            report["parts"][f"conv_{name}"] = profile(step, top=8)
+        except Exception as error:  # noqa: BLE001 - recorded, the others still run
+            report["parts"][f"conv_{name}"] = {"error": repr(error)[-400:]}
+        print(name, report["parts"][f"conv_{name}"].get("kernel_ms"), flush=True)
+        write_json(args.out, report)
+    write_json(args.out, report)
+
+
+if __name__ == "__main__":
+    main()

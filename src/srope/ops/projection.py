@@ -1,0 +1,72 @@
+"""The Selective RoPE generator's first step: per-head linear maps of the ℓ2-normalised input.
+
+``y[..., h, :] = x̂_h @ weight[h]`` with ``x̂_h = x_h / sqrt(|x_h|² + ε)`` for every head
+chunk ``x_h``. Since the normalisation is one scalar per token and head, it is applied to
+the small output instead of the input: x̂ (the size of the block input, in float32) is
+never built, and every head's maps (the ω projection and the first layers of the gate)
+share one read of x. The weight gradient, a reduction over all tokens into a small
+matrix, is split into slabs of :data:`SLAB` tokens so that it fills the GPU (one long
+reduction ran on a few dozen thread blocks: 1.2 ms of the generator's 3.3 ms at
+8 × 4096 tokens on the H200).
+"""
+
+from __future__ import annotations
+
+import torch
+
+SLAB = 2048  # tokens per partial weight gradient
+
+
+def _weight_grad(x: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
+    """``Σ_n x[n, h]ᵀ dz[n, h]`` as ``[H, I, M]`` for ``x [N, H, I]``, ``dz [N, H, M]``:
+    per-slab products, then their sum (fixed order: deterministic). One head at a time, so
+    that every operand is a strided view cuBLAS reads in place (no copy of x)."""
+    count, heads = x.shape[:2]
+    slabs = count // SLAB
+    main = slabs * SLAB if slabs > 1 else 0
+    grads = []
+    for head in range(heads):
+        xh, dh = x[:, head], dz[:, head]
+        grad = xh[main:].T @ dh[main:]
+        if main:
+            grad = grad + torch.bmm(xh[:main].unflatten(0, (slabs, SLAB)).mT, dh[:main].unflatten(0, (slabs, SLAB))).sum(0)
+        grads.append(grad)
+    return torch.stack(grads)
+
+
+class _NormalizedHeadProjection(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        inv_norm = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() + eps)  # [N, H]
+        z = torch.bmm(x.transpose(0, 1), weight).transpose(0, 1)  # [N, H, M]
+        ctx.save_for_backward(x, weight, inv_norm, z)
+        return z * inv_norm[..., None]
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight, inv_norm, z = ctx.saved_tensors
+        dz = dy * inv_norm[..., None]
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            # d/dx of r(x)·z(x), r = (|x|² + ε)^(-1/2): the map's gradient scaled by r, plus
+            # x · dr/d|x|² · 2 (dy·z) = -r³ (dy·z) x.
+            d_norm = -(dy * z).sum(-1) * inv_norm.pow(3)  # [N, H]
+            dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+            torch.bmm(dz.transpose(0, 1), weight.mT, out=dx.transpose(0, 1))
+            dx.addcmul_(x, d_norm[..., None])
+        if ctx.needs_input_grad[1]:
+            dw = _weight_grad(x, dz)
+        return dx, dw, None
+
+
+def normalized_head_projection(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x̂_h @ weight[h]`` for ``x [..., H, I]`` and ``weight [H, I, M]``: ``[..., H, M]``.
+
+    Same dtype for both (the generator's float32 or float64); no autocast inside."""
+    if x.dim() < 2 or weight.dim() != 3 or x.shape[-2:] != weight.shape[:2]:
+        raise ValueError(f"x [..., H, I] and weight [H, I, M] must agree, got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.dtype != weight.dtype:
+        raise TypeError(f"x and weight must share a dtype, got {x.dtype} and {weight.dtype}")
+    lead = x.shape[:-2]
+    y = _NormalizedHeadProjection.apply(x.reshape(-1, *x.shape[-2:]), weight, eps)
+    return y.reshape(*lead, *y.shape[-2:])

@@ -1,0 +1,55 @@
+"""normalized_head_projection against the explicit formula (float64, forward and backward)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from srope.ops import projection
+from srope.ops.projection import normalized_head_projection
+from tests.helpers import generator, rel_err
+
+
+def explicit(x, weight, eps):
+    x_hat = x * torch.rsqrt(x.square().sum(-1, keepdim=True) + eps)
+    return torch.einsum("...hi,him->...hm", x_hat, weight)
+
+
+@pytest.mark.parametrize("tokens,slab", [(1, 4), (7, 4), (8, 4), (11, 4), (13, 2048)])
+def test_matches_explicit_normalisation(monkeypatch, tokens, slab):
+    monkeypatch.setattr(projection, "SLAB", slab)  # small slabs: the split weight gradient runs
+    gen = generator(tokens)
+    x = torch.randn(2, tokens, 3, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(3, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, tokens, 3, 4, generator=gen, dtype=torch.float64)
+    ours = normalized_head_projection(x, weight, 1e-6)
+    ref = explicit(x, weight, 1e-6)
+    assert rel_err(ours, ref) < 1e-13
+    for a, b in zip(torch.autograd.grad(ours, (x, weight), grad), torch.autograd.grad(ref, (x, weight), grad)):
+        assert rel_err(a, b) < 1e-12
+
+
+def test_gradcheck(monkeypatch):
+    monkeypatch.setattr(projection, "SLAB", 2)
+    gen = generator(1)
+    x = torch.randn(5, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 3, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: normalized_head_projection(a, b, 1e-3), (x, weight))
+
+
+def test_zero_input_rows_stay_finite():
+    x = torch.zeros(3, 2, 4, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    y = normalized_head_projection(x, weight, 1e-6)
+    y.sum().backward()
+    assert torch.equal(y, torch.zeros_like(y)) and torch.isfinite(x.grad).all() and torch.isfinite(weight.grad).all()
+
+
+@pytest.mark.parametrize("x_shape,w_shape,dtype,error", [
+    ((4, 2, 3), (2, 4, 3), torch.float64, ValueError),
+    ((4, 2, 3), (2, 3), torch.float64, ValueError),
+    ((4, 2, 3), (2, 3, 5), torch.float32, TypeError),
+])
+def test_bad_shapes_and_dtypes_raise(x_shape, w_shape, dtype, error):
+    with pytest.raises(error, match="x"):
+        normalized_head_projection(torch.randn(x_shape, dtype=torch.float64), torch.randn(w_shape, dtype=dtype), 1e-6)
