@@ -2,7 +2,8 @@
 
 At bench_layer's shapes (B 8, T 4096, hidden 1024, 4 heads, bf16 autocast, float32 weights
 and input, as in training), ``torch.profiler`` records the GPU kernels of one forward+backward
-of the layer with NoPE, RoPE and Selective RoPE (the paper's LM setting), of the Selective
+of the layer with NoPE, RoPE and Selective RoPE (the paper's LM setting), and the CPU side
+of the same calls (ops and the Python frames that issued them) (``--host-only``: only that), then the kernels of the Selective
 RoPE angle generator alone, and of its short convolution alone with each backend of
 :func:`srope.ops.conv.short_conv` (PyTorch's ``conv1d`` route, fla's Triton ``causal_conv1d``). Kernel names are shortened to their first 80 characters and summed.
 
@@ -36,9 +37,36 @@ def profile(fn, repeats: int = 5, top: int = 25) -> dict:
             "kernels": ranked}
 
 
+def host_profile(fn, steps: int = 5, top: int = 30) -> dict:
+    """Where the CPU side of ``fn`` goes, backward's autograd thread included:
+    ``torch.profiler`` CPU events over ``steps`` calls after a warm-up, the ``top`` ops by
+    their own CPU time (ms per call, with call counts), and the same grouped by the 4
+    innermost Python frames that issued them."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    fn()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+
+    def rows(averages):
+        ranked = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:top]
+        return [{"op": e.key, "calls": e.count / steps, "self_ms": round(e.self_cpu_time_total / 1e3 / steps, 4),
+                 "stack": [frame.split("site-packages/")[-1].split("/work/main/")[-1] for frame in (e.stack or [])[:4]]}
+                for e in ranked]
+
+    averages = prof.key_averages()
+    return {"cpu_ms": round(sum(e.self_cpu_time_total for e in averages) / 1e3 / steps, 3),
+            "by_op": [{k: v for k, v in r.items() if k != "stack"} for r in rows(averages)],
+            "by_stack": rows(prof.key_averages(group_by_stack_n=4))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--host-only", action="store_true", help="only the CPU-side profile of each layer")
     args = parser.parse_args()
     device = "cuda"
     batch, length, hidden = 8, 4096, 1024
@@ -56,9 +84,14 @@ def main() -> None:
                 out = layer(x)[0]
             out.backward(grad)
 
-        report["layer"][name] = profile(step)
-        print(name, report["layer"][name]["kernel_ms"], report["layer"][name]["eager_ms"], flush=True)
+        report.setdefault("host", {})[name] = host_profile(step)
+        print(name, "host", report["host"][name]["cpu_ms"], flush=True)
+        if not args.host_only:
+            report["layer"][name] = profile(step)
+            print(name, report["layer"][name]["kernel_ms"], report["layer"][name]["eager_ms"], flush=True)
         write_json(args.out, report)
+    if args.host_only:
+        return
 
     pe = layers["selective_rope"].position
 

@@ -59,6 +59,7 @@ def run_one(job: tuple[str, dict, int, int, int, str]) -> dict:
     except Exception as error:  # one broken variant must not void the screen
         return {"variant": name, "seed": seed, "kind": kind, "error": repr(error)}
     return {"variant": name, "seed": seed, "kind": kind, "seq_acc": run["seq_acc"], "final_loss": run["final_loss"],
+            "parity_angles": run.get("parity_angles"),
             "loss_at": {str(s): run["loss"][s - 1] for s in (50, 150, 250, 350, 450) if s <= len(run["loss"])},
             "seconds": round(time.perf_counter() - start, 1)}
 
@@ -86,8 +87,10 @@ def main() -> None:
         for result in pool.imap_unordered(run_one, jobs):
             results.append(result)
             acc = result.get("seq_acc", {})
+            angles = result.get("parity_angles") or {}
+            drift = f" drift@eval {angles['drift_at_eval_len']:+.2f} rad" if angles else ""
             print(f"[{time.perf_counter() - start:6.0f} s] {result['variant']:<24} seed {result['seed']} {result['kind']:<15}"
-                  f" @train {acc.get('train', float('nan')):.3f} @eval {acc.get('eval', float('nan')):.3f}"
+                  f" @train {acc.get('train', float('nan')):.3f} @eval {acc.get('eval', float('nan')):.3f}{drift}"
                   f" {result.get('seconds', 0):.0f} s {result.get('error', '')}", flush=True)
             with open(args.out, "w") as f:
                 json.dump({"variants": variants, "results": results, "cores": os.cpu_count(), "threads": args.threads}, f, indent=1)

@@ -256,3 +256,30 @@ def test_targets_and_table():
     assert demo.check_targets(results) == {"selective_rope_learns": False, "selective_rope_extrapolates": True, "nope_fails": True, "rope_fails": False}
     table = demo.format_table(results)
     assert "seq_acc@128" in table and "seq_acc@512" in table and "0.980" in table
+
+
+@torch.no_grad()
+def test_parity_angles_find_a_pair_set_to_the_exact_solution():
+    """Set one pair's steps to π per "1" and 0 per "0" through its conv tap and bias (conv
+    width 1: step = Θ·gate·(w·u + exp(b))); the diagnostic must find that pair, with ~0 error."""
+    model = demo.build_model(demo.CPU, "selective_rope", seed=3)
+    encoding = next(m for m in model.modules() if m.__class__.__name__ == "SelectiveRoPE")
+    seen = {}
+    hook = encoding.register_forward_pre_hook(lambda module, args, kwargs: seen.update(x=args[2]), with_kwargs=True)
+    model(torch.tensor([[BOS, 0, 1]]))
+    hook.remove()
+    u, gate = encoding.generator_inputs(seen["x"])
+    pair, theta = 5, float(encoding.temperature(torch.float64)[0])
+    (u0, u1), (g0, g1) = u[0, 1:, pair].double(), gate[0, 1:, pair].double()
+    # w·u0 + B = 0 and w·u1 + B = ±π/(Θ·g1) (a step of -π is as good as π), with B = exp(b) > 0
+    tap = math.pi / theta / g1 / (u1 - u0)
+    tap = tap if -tap * u0 > 0 else -tap
+    bias = -tap * u0
+    encoding.conv.weight[pair, 0, -1] = tap
+    encoding.bias.view(-1)[pair] = torch.log(bias)
+    angles = demo.parity_angles(model, eval_len=512)
+    assert angles["pair"] == pair
+    assert abs(angles["error_per_one"]) < 1e-5 and abs(angles["error_per_zero"]) < 1e-5
+    assert abs(angles["step_per_one"]) == pytest.approx(math.pi, abs=1e-5)
+    assert angles["drift_at_eval_len"] == pytest.approx(256 * (angles["error_per_one"] + angles["error_per_zero"]))
+    assert demo.parity_angles(demo.build_model(demo.CPU, "nope", seed=3), 512) is None

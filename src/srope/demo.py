@@ -438,6 +438,7 @@ def train_one(kind: str, config: DemoConfig, seed: int, device: str, data: dict[
               for name in ("train", "eval")}
     window = max(1, min(50, len(losses) // 10))
     return {
+        "parity_angles": parity_angles(model, config.eval_len) if kind == "selective_rope" else None,
         "seq_acc": {name: scores[name]["seq_acc"] for name in ("train", "eval")},
         "token_acc": {name: scores[name]["token_acc"] for name in ("train", "eval")},
         "curve": {"length": list(range(1, config.eval_len + 1)), "seq_acc": scores["eval"]["curve"]},
@@ -451,6 +452,41 @@ def train_one(kind: str, config: DemoConfig, seed: int, device: str, data: dict[
         "seconds": round(time.perf_counter() - start, 3),
         "cpu_seconds": round(_cpu_seconds() - cpu_start, 3),
     }
+
+
+@torch.no_grad()
+def parity_angles(model: torch.nn.Module, eval_len: int) -> dict[str, Any] | None:
+    """The angle step each token makes in the rotation pair closest to parity's exact
+    solution (π per "1", 0 per "0", modulo 2π), how far off it is (radians), and the drift
+    those errors add up to over ``eval_len`` uniform bits (``eval_len / 2`` of each).
+
+    A step off by ε adds ε per token, so a run whose steps are right to within the
+    tolerance at the training length can still be wrong at 4x it. None for models
+    without Selective RoPE. In the one-layer demo model the angles depend on the token
+    alone (conv width 1), so ``[BOS, 0, 1]`` shows every step there is."""
+    from srope.modules.selective_rope import SelectiveRoPE
+
+    encodings = [m for m in model.modules() if isinstance(m, SelectiveRoPE)]
+    if len(encodings) != 1:
+        return None
+    encoding, seen = encodings[0], {}
+    hook = encoding.register_forward_pre_hook(lambda module, args, kwargs: seen.update(x=args[2]), with_kwargs=True)
+    tokens = [state_tracking.bos_id(get_group(GROUP)), 0, 1]
+    try:
+        model.eval()
+        model(torch.tensor([tokens], device=next(model.parameters()).device))
+    finally:
+        hook.remove()
+    from srope.ops.layout import RowLayout
+
+    phi, _ = encoding.phase_increments(seen["x"], RowLayout(1, len(tokens)))
+    angles = (phi[0].double() * encoding.temperature(torch.float64, phi.device)).flatten(1).cpu()  # [3, Hk·R]
+    wrap = lambda a: torch.remainder(a + math.pi, 2 * math.pi) - math.pi  # noqa: E731 - into [-π, π)
+    off_one, off_zero = wrap(angles[2] - math.pi), wrap(angles[1])
+    pair = int((off_one.abs() + off_zero.abs()).argmin())
+    errors = float(off_one[pair]), float(off_zero[pair])
+    return {"pair": pair, "step_per_one": float(angles[2, pair]), "step_per_zero": float(angles[1, pair]),
+            "error_per_one": errors[0], "error_per_zero": errors[1], "drift_at_eval_len": eval_len / 2 * sum(errors)}
 
 
 def _cpu_seconds() -> float:
@@ -646,6 +682,12 @@ def format_table(results: dict) -> str:
         lines.append(
             f"{LABELS[kind]:<18} {run['parameters']:>7} {run['seq_acc']['train']:>12.3f} {run['seq_acc']['eval']:>12.3f} "
             f"{run['token_acc']['eval']:>14.3f} {run['final_loss']:>10.4f}"
+        )
+    angles = results["results"]["selective_rope"].get("parity_angles")
+    if angles:
+        lines.append(
+            f"Selective RoPE's parity pair ({angles['pair']}): step per '1' π{angles['error_per_one']:+.4f} rad, per '0' "
+            f"{angles['error_per_zero']:+.4f} rad; drift over {evl} uniform bits {angles['drift_at_eval_len']:+.2f} rad."
         )
     lines.append("seq_acc: fraction of fresh sequences with every position right.")
     return "\n".join(lines)
