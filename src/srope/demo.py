@@ -250,7 +250,8 @@ class DemoConfig:
 # step stays positive because the sigmoid gate never reaches 0 and the gradient to close the
 # gap shrinks with the gate; at length 128 the readout tolerates these drifts, so the loss
 # (at its label-smoothing floor) no longer pushes. Screened on the lead (5 seeds, "meets" count):
-# Adam ε 1e-6 1/5, 1e-8 1/5; label smoothing 0.001 0/2, 0.05 1/5, 0.1 0/3; the GLA decay
+# Adam ε 1e-6 1/5, 1e-8 1/5, label smoothing 0.001 0/2 (these three before the reordering);
+# label smoothing 0.05 1/5, 0.1 0/3; the GLA decay
 # normaliser 1024 1/5 (two never learn), 4096 3/5; batch 128 at length 128 3/5; a quarter of the
 # sequences at mixed densities from stage 2: 2/5, and with a 350-step last stage 1/5; half mixed
 # in the last stage 1/5; label smoothing 0 with weight decay 0.3 1/5; no gate (temperature π/2 or
