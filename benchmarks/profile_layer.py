@@ -18,7 +18,7 @@ import torch
 
 from benchmarks.bench_layer import HOSTS, POSITIONS, build
 from benchmarks.bench_op import kernel_time
-from benchmarks.common import environment, median_ms, write_json
+from benchmarks.common import ROOT, environment, median_ms, write_json
 from srope.ops.conv import short_conv
 from srope.ops.layout import RowLayout
 
@@ -54,7 +54,7 @@ def host_profile(fn, steps: int = 5, top: int = 30) -> dict:
     def rows(averages):
         ranked = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:top]
         return [{"op": e.key, "calls": e.count / steps, "self_ms": round(e.self_cpu_time_total / 1e3 / steps, 4),
-                 "stack": [frame.split("site-packages/")[-1].split("/work/main/")[-1] for frame in (e.stack or [])[:4]]}
+                 "stack": [frame.split("site-packages/")[-1].split(f"{ROOT}/")[-1] for frame in (e.stack or [])[:4]]}
                 for e in ranked]
 
     averages = prof.key_averages()
