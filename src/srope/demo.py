@@ -256,7 +256,9 @@ class DemoConfig:
 # sequences at mixed densities from stage 2: 2/5, and with a 350-step last stage 1/5; half mixed
 # in the last stage 1/5; label smoothing 0 with weight decay 0.3 1/5; no gate (temperature π/2 or
 # π) 0/5 and 0/3 (they do not learn); a learnable temperature 1/5, with a quarter mixed from
-# stage 2 3/5. Seeds 0 and 1 fail in every one of them (drift 2.3-7.1 rad). The preset stays.
+# stage 2 3/5; temperature 2π or 1.5π (so that a "0" step of 2π could be reached without closing
+# the gate) 0/5 and 1/5, most runs never learn. Seeds 0 and 1 fail in every one of them (drift
+# 2.3-7.1 rad where they learn). The preset stays.
 _SELECTIVE_ROPE = {
     "projection": "full-rank", "conv_size": 1, "conv_activation": None, "bias": True, "gate": "per-channel",
     "spectrum": "uniform", "max_temperature": math.pi,
