@@ -43,6 +43,7 @@ class _NormalizedHeadProjection(torch.autograd.Function):
         return z * inv_norm[..., None]
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the backward writes into views (bmm out=)
     def backward(ctx, dy: torch.Tensor):
         x, weight, inv_norm, z = ctx.saved_tensors
         dz = dy * inv_norm[..., None]
