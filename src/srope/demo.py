@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from srope.ops.layout import RowLayout
 from srope.tasks import state_tracking
 from srope.tasks.common import rng_for
 from srope.tasks.groups import get_group
@@ -500,8 +501,6 @@ def parity_angles(model: torch.nn.Module, eval_len: int) -> dict[str, Any] | Non
         model(torch.tensor([tokens], device=next(model.parameters()).device))
     finally:
         hook.remove()
-    from srope.ops.layout import RowLayout
-
     phi, _ = encoding.phase_increments(seen["x"], RowLayout(1, len(tokens)))
     angles = (phi[0].double() * encoding.temperature(torch.float64, phi.device)).flatten(1).cpu()  # [3, Hk·R]
     wrap = lambda a: torch.remainder(a + math.pi, 2 * math.pi) - math.pi  # noqa: E731 - into [-π, π)
