@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))  # for tests.triton.cuda_checks (the decode wiring
 sys.path.insert(1, str(ROOT / "src"))
 sys.path.insert(2, str(ROOT / "benchmarks"))
 
-from common import HBM_BYTES_PER_S, environment, write_json
+from common import HBM_BYTES_PER_S, environment, graph_ms, write_json
 
 from srope.modules import RoPE, SelectiveRoPE
 from srope.ops import reference, rope, selective_rope
@@ -144,30 +144,6 @@ class Timer:
             fn()
             times.append((time.perf_counter() - start) * 1e3)
         return statistics.median(times)
-
-
-def graph_ms(fn, replays: int = 50) -> float:
-    """Median ms of one replay of ``fn`` captured in a CUDA graph (warm-up on a side stream
-    first, as torch.cuda.graphs requires for autograd)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del graph
-    return statistics.median(times)
 
 
 def kernel_time(fn, repeats: int = 5) -> dict:

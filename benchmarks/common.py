@@ -6,6 +6,7 @@ import importlib.metadata
 import json
 import platform
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -58,6 +59,30 @@ def median_ms(fn, *, dry_run: bool = False, warmup: int = 1, grad_to_none=None) 
 
     torch.cuda.synchronize()
     return float(triton.testing.do_bench(fn, grad_to_none=grad_to_none, return_mode="median"))
+
+
+def graph_ms(fn, replays: int = 50) -> float:
+    """Median ms of one replay of ``fn`` captured in a CUDA graph (warm-up on a side stream
+    first, as torch.cuda.graphs requires for autograd)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del graph
+    return statistics.median(times)
 
 
 _FILE_PATH = re.compile(r'(?:/[^\s"\\/]+)+/([^/\s"\\]+/[^/\s"\\]+\.py)')

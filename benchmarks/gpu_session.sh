@@ -97,6 +97,11 @@ stage_model() {  # the HF models on CUDA (cached generation with the fla conv), 
   run 240 $FAST benchmarks/check_cuda_models.py --out $R/models_cuda_h200.json
 }
 
+stage_graphs() {  # eager and CUDA-graph layer and model speed; the graphed decode checked against eager
+  run 240 python benchmarks/bench_layer.py --out $R/layer_h200.json
+  run 300 python benchmarks/bench_model.py --preset gla-370m --out $R/model_h200.json
+}
+
 stage_profile() {  # kernel by kernel: the GLA layer with each PE, the angle generator, its conv
   run ${PROFILE_LIMIT:-200} python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
 }
