@@ -237,6 +237,79 @@ def test_increments_match_the_explicit_formula(options):
         assert (a is None) == (b is None) and (a is None or rel_err(a, b) < 1e-12)
 
 
+@pytest.mark.parametrize("options", [{"spectrum": "uniform", "max_temperature": math.pi}, {"learnable_temperature": True, "gate": None}])
+def test_phase_noise_only_in_training_with_the_asked_spread(options):
+    """phase_noise adds N(0, σ²) radians to every angle step Θ·φ in training mode, nothing
+    in eval mode, and no gradient path (the derivative of a linear read-out is unchanged)."""
+    from srope.ops.layout import RowLayout
+
+    sigma = 0.1
+    clean = make_module("selective_rope", options)
+    noisy = make_module("selective_rope", {**options, "phase_noise": sigma})
+    x = make_inputs(4, 300, seed=31)[2]
+    layout = RowLayout(4, 300)
+    noisy.eval()
+    assert torch.equal(noisy.phase_increments(x, layout)[0], clean.phase_increments(x, layout)[0])
+    noisy.train()
+    torch.manual_seed(0)
+    phi = noisy.phase_increments(x, layout)[0]
+    theta = noisy.temperature(torch.float64)
+    steps = (phi - clean.phase_increments(x, layout)[0]) * theta
+    assert abs(steps.std().item() / sigma - 1) < 0.03 and abs(steps.mean().item()) < 0.01
+    weights = randn(*phi.shape, seed_gen=generator(32))
+    params = [p for p in noisy.parameters()]
+    ours = torch.autograd.grad((noisy.phase_increments(x, layout)[0] * weights).sum(), params, allow_unused=True)
+    ref = torch.autograd.grad((clean.phase_increments(x, layout)[0] * weights).sum(), list(clean.parameters()), allow_unused=True)
+    for a, b in zip(ours, ref):
+        assert (a is None) == (b is None) and (a is None or rel_err(a, b) < 1e-12)
+
+
+@pytest.mark.parametrize("value", [-0.1, float("inf"), float("nan"), "0.1", True])
+def test_bad_phase_noise_raises(value):
+    with pytest.raises(ValueError, match="phase_noise must be a finite number >= 0"):
+        SelectiveRoPE(HIDDEN, KEY_HEADS, HEAD_DIM, phase_noise=value)
+
+
+def test_inference_weight_cache_follows_every_parameter_change():
+    """Without autograd the generator's first layers are cached; an optimiser step, a
+    load_state_dict, an in-place edit and a dtype cast must each be seen, and with
+    autograd nothing is cached (the gradient must reach the parameters)."""
+    from srope.ops.layout import RowLayout
+
+    module = make_module("selective_rope", {"gate": "per-channel", "gate_rank": 2, "bias": True})
+    x = make_inputs(1, 6, seed=21)[2]
+
+    def increments():
+        with torch.no_grad():
+            return module.phase_increments(x, RowLayout(1, 6))[0]
+
+    def fresh():
+        saved, module._first_layer_cache = module._first_layer_cache, None
+        with torch.no_grad():
+            out = module.phase_increments(x, RowLayout(1, 6))[0]
+        module._first_layer_cache = saved
+        return out
+
+    before = increments()
+    assert module._first_layer_cache is not None and torch.equal(increments(), before)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
+    module.phase_increments(x, RowLayout(1, 6))[0].square().sum().backward()
+    optimizer.step()
+    after_step = increments()
+    assert not torch.equal(after_step, before) and torch.equal(after_step, fresh())
+    module.load_state_dict(make_module("selective_rope", {"gate": "per-channel", "gate_rank": 2, "bias": True}, seed=5).state_dict())
+    assert torch.equal(increments(), fresh()) and not torch.equal(increments(), after_step)
+    with torch.no_grad():
+        module.gate[0].weight.mul_(-1)
+    assert torch.equal(increments(), fresh())
+    module.to(torch.float32)
+    x = x.float()
+    assert increments().dtype == torch.float32 and torch.equal(increments(), fresh())
+    with torch.enable_grad():
+        module.phase_increments(x, RowLayout(1, 6))[0].sum().backward()
+    assert module._first_layer_cache is None and module.proj_weight.grad is not None
+
+
 @pytest.mark.parametrize("options", [CONFIGS[3][1], CONFIGS[4][1], CONFIGS[5][1] | {"learnable_temperature": True}])
 def test_module_gradcheck_float64(options):
     module = make_module("selective_rope", options)

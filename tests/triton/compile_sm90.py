@@ -53,6 +53,7 @@ def record_launches() -> list:
     for name in ("_rope_fwd", "_rope_bwd"):
         setattr(ops, name, Recorder(getattr(ops, name), name, calls))
     decode.decode_step_kernel = Recorder(decode.decode_step_kernel, "decode_step_kernel", calls)
+    decode.generator_inputs_kernel = Recorder(decode.generator_inputs_kernel, "generator_inputs_kernel", calls)
     # (dim, pairs, block_t, dtype, packed): the 8x4096x4x128 and 16x4096x16x64 benchmarks' tiles
     # (every RoPE autotune config); odd R with partial rotary, float32, packed (the first config only).
     cases = ((128, 64, ops.default_block_t(8, 4096, 4, 64), torch.bfloat16, False),
@@ -77,6 +78,7 @@ def record_launches() -> list:
         torch.zeros(8, 256, 3, **bf16), torch.zeros(256, 4), torch.zeros(8, 4, 64, dtype=torch.float64), torch.ones(64),
         None, torch.zeros(4, 64), torch.zeros(8, 4, **bf16), True,
     )
+    decode._inputs_op(torch.zeros(8, 1024, **bf16), torch.zeros(4, 256, 68), torch.zeros(4), 64, 1e-6)  # GLA-370M, standard gate
     return calls
 
 

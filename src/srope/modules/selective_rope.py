@@ -66,6 +66,11 @@ class SelectiveRoPE(PositionEncoding):
             spectrum); fixed spectra are recomputed from the config in float64 and are never
             quantised by a dtype cast (False).
         norm_eps: ε of the ℓ2 normalisation ``x / sqrt(Σx² + ε)`` (1e-6).
+        phase_noise: in training mode only, add N(0, phase_noise²) radians to every
+            token's angle step ``Θ·φ`` (per pair, independent; 0 = off, the default). A
+            regulariser, not in the paper: a step error too small to cost anything at the
+            training length adds up linearly beyond it, and the noise keeps the loss
+            sensitive to it (``srope demo`` uses 0.1; see ``srope/demo.py``).
     """
 
     def __init__(
@@ -90,6 +95,7 @@ class SelectiveRoPE(PositionEncoding):
         max_temperature: float = 1.0,
         learnable_temperature: bool = False,
         norm_eps: float = 1e-6,
+        phase_noise: float = 0.0,
     ):
         super().__init__()
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
@@ -103,6 +109,8 @@ class SelectiveRoPE(PositionEncoding):
             gate = None
         if gate not in GATES:
             raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+        if isinstance(phase_noise, bool) or not isinstance(phase_noise, (int, float)) or not 0 <= phase_noise < math.inf:
+            raise ValueError(f"phase_noise must be a finite number >= 0 (radians), got {phase_noise!r}")
         if spectrum not in SPECTRA:
             raise ValueError(f"spectrum must be one of {SPECTRA}, got {spectrum!r}")
         for name, value in (("projection_rank", projection_rank), ("gate_rank", gate_rank), ("conv_size", conv_size)):
@@ -111,9 +119,11 @@ class SelectiveRoPE(PositionEncoding):
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
         self.pairs = rotary_dim // 2
         self.projection, self.gate_type, self.norm_eps = projection, gate, norm_eps
+        self.phase_noise = float(phase_noise)
         self.spectrum_kind = spectrum
         self.spectrum_args = dict(theta=theta, epsilon=epsilon, max_value=max_temperature)
         self._temperatures: dict = {}
+        self._first_layer_cache = None  # (key, (weight, sizes)), see _first_layers
         temperature_spectrum(spectrum, self.pairs, theta=theta, epsilon=epsilon, max_value=max_temperature)  # validates
 
         channels, chunk = num_heads * self.pairs, hidden_size // num_heads
@@ -186,6 +196,25 @@ class SelectiveRoPE(PositionEncoding):
             weight = self.proj_gain.to(dtype)[:, None, None] * weight / weight.norm(dim=1, keepdim=True)
         return weight
 
+    def _first_layers(self, dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
+        """Every first layer acting on x̂ as one per-head weight ``[Hk, hidden/Hk, M]`` and
+        the split sizes (ω map, then the gate's). Without autograd (inference, decoding) it
+        is cached until a parameter changes (tracked by the parameters' version counters,
+        which in-place updates such as optimiser steps and ``load_state_dict`` advance, and
+        their storage, dtype and device, which ``.to()`` changes)."""
+        key = None
+        if not torch.is_grad_enabled():
+            key = (dtype, tuple((id(p), p._version, p.data_ptr(), p.dtype, p.device) for p in self.parameters()))
+            if self._first_layer_cache is not None and self._first_layer_cache[0] == key:
+                return self._first_layer_cache[1]
+        blocks = [self.projection_weight(dtype)]
+        if self.gate is not None:
+            first = self.gate if self.gate_type == "standard" else self.gate[0]
+            blocks.append(_per_head(first.weight, self.num_heads).to(dtype))
+        result = (torch.cat(blocks, dim=-1), [block.shape[-1] for block in blocks])
+        self._first_layer_cache = None if key is None else (key, result)
+        return result
+
     def generator_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """From the block input ``x [B, T, hidden]``: the projected increments before the
         conv, ``u = W_ω x̂`` ``[B, T, Hk·R]``, and the phase gate ``sigmoid(...)`` of x̂
@@ -193,13 +222,9 @@ class SelectiveRoPE(PositionEncoding):
         max(float32, x.dtype). x̂ is x ℓ2-normalised per head chunk; every first layer
         acting on it runs in one :func:`normalized_head_projection` (x̂ is never built)."""
         dtype = compute_dtype(x.dtype)
-        blocks = [self.projection_weight(dtype)]
-        if self.gate is not None:
-            first = self.gate if self.gate_type == "standard" else self.gate[0]
-            blocks.append(_per_head(first.weight, self.num_heads).to(dtype))
+        weight, sizes = self._first_layers(dtype)
         chunks = x.unflatten(-1, (self.num_heads, -1)).to(dtype)
-        y = normalized_head_projection(chunks, torch.cat(blocks, dim=-1), self.norm_eps)
-        parts = y.split([block.shape[-1] for block in blocks], dim=-1)
+        parts = normalized_head_projection(chunks, weight, self.norm_eps).split(sizes, dim=-1)
         # Maps of the whole (flattened) x̂ are the sums of their per-head shares.
         u = parts[0].flatten(-2) if self.projection == "full-rank" else _linear(self.proj[1], parts[0].sum(-2))
         if self.gate is None:
@@ -223,15 +248,26 @@ class SelectiveRoPE(PositionEncoding):
                 phi = phi + torch.exp(self.bias.to(phi.dtype))
             if gate is not None:
                 phi = phi * (gate.unflatten(-1, (self.num_heads, self.pairs)) if self.gate_type == "per-channel" else gate[..., None])
+            if self.training and self.phase_noise > 0:
+                theta = self.temperature(phi.dtype, phi.device).detach().abs()
+                scale = self.phase_noise / theta.clamp_min(torch.finfo(phi.dtype).tiny)
+                phi = phi + scale * torch.randn_like(phi)
         return phi, conv_state
 
     def decode_step(self, q, k, x, state: SelectiveRoPEState):
         """One token per sequence (q/k ``[N,1,..]``, x ``[N,1,hidden]``) through the fused
-        Triton step: conv window, activation, bias, gate, phase, rotation in one launch."""
-        from srope.ops.triton import selective_rope_decode_step
+        Triton step: conv window, activation, bias, gate, phase, rotation in one launch,
+        after one more that computes the generator's inputs from x (full-rank ω with a
+        standard or no gate; other configurations compute them with torch)."""
+        from srope.ops.triton import decode_generator_inputs, selective_rope_decode_step
 
         with torch.autocast(x.device.type, enabled=False):
-            u, gate = self.generator_inputs(x)
+            if self.projection == "full-rank" and self.gate_type in (None, "standard"):
+                weight, _ = self._first_layers(compute_dtype(x.dtype))
+                gate_bias = None if self.gate is None else self.gate.bias.to(weight.dtype)
+                u, gate = decode_generator_inputs(x, weight, self.pairs, gate_bias, self.norm_eps)
+            else:
+                u, gate = self.generator_inputs(x)
         temperature = self.temperature(compute_dtype(q.dtype, u.dtype), q.device)
         q, k, conv, phase = selective_rope_decode_step(
             q, k, u, state.conv, self.conv.kernel().to(u.device), state.phase, temperature,
@@ -276,6 +312,7 @@ class SelectiveRoPE(PositionEncoding):
             f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
             f"pairs={self.pairs}, projection={self.projection}, gate={self.gate_type}, "
             f"bias={self.bias is not None}, spectrum={self.spectrum_kind} {self.spectrum_args}"
+            + (f", phase_noise={self.phase_noise}" if self.phase_noise else "")
         )
 
 

@@ -5,12 +5,13 @@ decode step) and fixed RoPE. They run on CUDA, or on the CPU under ``TRITON_INTE
 - :func:`selective_rope_triton`, :func:`rope_triton`: what :func:`srope.ops.selective_rope`
   and :func:`srope.ops.rope` call for ``backend="triton"`` (and ``"auto"`` on CUDA).
 - :func:`selective_rope_decode_step`: generator conv + activation + bias + gate + phase +
-  rotation of one token per sequence, for the ``SelectiveRoPE`` module's cached decoding.
+  rotation of one token per sequence, for the ``SelectiveRoPE`` module's cached decoding;
+  :func:`decode_generator_inputs`: the generator's inputs (ω map, gate) of that token from x.
 
 Design and numerics: ``kernels.py``; launches and ``torch.library`` registration: ``ops.py``.
 """
 
-from srope.ops.triton.decode import selective_rope_decode_step
+from srope.ops.triton.decode import decode_generator_inputs, selective_rope_decode_step
 from srope.ops.triton.ops import rope_triton, selective_rope_triton
 
-__all__ = ["rope_triton", "selective_rope_decode_step", "selective_rope_triton"]
+__all__ = ["decode_generator_inputs", "rope_triton", "selective_rope_decode_step", "selective_rope_triton"]

@@ -85,6 +85,105 @@ def decode_step_kernel(
     _rotate_heads_fwd(k, k_out, k_n, 0, k_h, k_n, 0, k_h, n, t, mt, hk, 1, cos, sin, rr, mr, R, P, BP, CD)
 
 
+@triton.jit
+def generator_inputs_kernel(
+    x, weight, gate_bias, u, gate, eps, x_n,
+    Hk: tl.constexpr, I: tl.constexpr, R: tl.constexpr, M: tl.constexpr,
+    BH: tl.constexpr, BI: tl.constexpr, BR: tl.constexpr, GATE: tl.constexpr, F64: tl.constexpr,
+):
+    """One program per (token n, key head hk): ``u[n, hk] = x̂_hk @ weight[hk, :, :R]`` and,
+    with a per-head gate, ``sigmoid(Σ_h x̂_h @ weight[h, :, R + hk] + gate_bias[hk])``;
+    x̂_h = x_h / sqrt(|x_h|² + ε) for each head chunk x_h of the token (the loop walks the
+    hidden size in BI-wide slices)."""
+    CD: tl.constexpr = tl.float64 if F64 else tl.float32
+    n, hk = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    hh = tl.arange(0, BH)
+    rr = tl.arange(0, BR)
+    mh, mr = hh < Hk, rr < R
+    squares = tl.zeros([BH], dtype=CD)
+    z = tl.zeros([BR], dtype=CD)
+    g = tl.zeros([BH], dtype=CD)
+    for start in range(0, I, BI):
+        ii = start + tl.arange(0, BI)
+        mi = ii < I
+        xs = tl.load(x + n * x_n + hh[:, None] * I + ii[None, :], mask=mh[:, None] & mi[None, :], other=0.0).to(CD)
+        squares += tl.sum(xs * xs, 1)
+        xh = tl.load(x + n * x_n + hk * I + ii, mask=mi, other=0.0).to(CD)
+        w = tl.load(weight + (hk * I + ii[:, None]) * M + rr[None, :], mask=mi[:, None] & mr[None, :], other=0.0).to(CD)
+        z += tl.sum(xh[:, None] * w, 0)
+        if GATE:
+            wg = tl.load(weight + (hh[:, None] * I + ii[None, :]) * M + R + hk, mask=mh[:, None] & mi[None, :], other=0.0).to(CD)
+            g += tl.sum(xs * wg, 1)
+    if F64:  # float64 division and square root are correctly rounded already
+        inv = 1.0 / tl.sqrt(squares + eps)
+    else:
+        inv = tl.div_rn(tl.full([BH], 1.0, CD), tl.sqrt_rn(squares + eps))  # [BH]
+    inv_hk = tl.sum(tl.where(hh == hk, inv, 0.0), 0)
+    tl.store(u + (n * Hk + hk) * R + rr, (z * inv_hk).to(u.dtype.element_ty), mask=mr)
+    if GATE:
+        logit = tl.sum(g * inv, 0) + tl.load(gate_bias + hk).to(CD)
+        tl.store(gate + n * Hk + hk, (1.0 / (1.0 + tl.exp(-logit))).to(gate.dtype.element_ty))
+
+
+@torch.library.custom_op("srope::selective_rope_decode_inputs", mutates_args=())
+def _inputs_op(x: torch.Tensor, weight: torch.Tensor, gate_bias: torch.Tensor | None, pairs: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    count = x.shape[0]
+    key_heads, chunk, width = weight.shape
+    x = x.contiguous()
+    weight = weight.contiguous()
+    u = torch.empty(count, key_heads * pairs, dtype=weight.dtype, device=x.device)
+    gate = torch.empty(count, key_heads if gate_bias is not None else 0, dtype=weight.dtype, device=x.device)
+    if count > 0:
+        with on_device(x):
+            generator_inputs_kernel[(count, key_heads)](
+                x, weight, weight if gate_bias is None else gate_bias.contiguous(), u, gate, eps, x.stride(0),
+                Hk=key_heads, I=chunk, R=pairs, M=width, BH=triton.next_power_of_2(key_heads),
+                BI=min(triton.next_power_of_2(chunk), max(16, 4096 // triton.next_power_of_2(pairs))),
+                BR=triton.next_power_of_2(pairs), GATE=gate_bias is not None, F64=weight.dtype == torch.float64,
+                num_warps=4,
+            )
+    return u, gate
+
+
+@_inputs_op.register_fake
+def _inputs_op_fake(x, weight, gate_bias, pairs, eps):
+    count, (key_heads, _, _) = x.shape[0], weight.shape
+    return x.new_empty((count, key_heads * pairs), dtype=weight.dtype), x.new_empty((count, key_heads if gate_bias is not None else 0), dtype=weight.dtype)
+
+
+def decode_generator_inputs(
+    x: torch.Tensor, weight: torch.Tensor, pairs: int, gate_bias: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The generator's inputs for one token per sequence in one kernel: ``u [N, Hk·R]`` and
+    the per-head gate ``[N, Hk]`` (None when ``gate_bias`` is None), as
+    :meth:`srope.modules.SelectiveRoPE.generator_inputs` computes them for a full-rank ω
+    map and a standard (or no) gate.
+
+    Args:
+        x: the block input ``[N, hidden]`` (or ``[N, 1, hidden]``).
+        weight: ``[Hk, hidden/Hk, R (+ Hk)]``, the ω map's per-head weight followed by the
+            per-head shares of the gate's first layer (``SelectiveRoPE._first_layers``), in
+            the generator's dtype (float32 or float64), which the outputs take.
+        gate_bias: ``[Hk]`` or None (no gate). eps: the ℓ2 normalisation's ε.
+    """
+    if weight.dim() != 3 or weight.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"weight must be float32/float64 [Hk, hidden/Hk, M], got {weight.dtype} {tuple(weight.shape)}")
+    key_heads, chunk, width = weight.shape
+    expected = pairs + (key_heads if gate_bias is not None else 0)
+    if width != expected:
+        raise ValueError(f"weight's last dimension must be R{' + Hk' if gate_bias is not None else ''} = {expected}, got {width}")
+    if x.shape[-1] != key_heads * chunk or x.numel() != x.shape[0] * key_heads * chunk:
+        raise _shape_error("x", f"[N, hidden] or [N, 1, hidden] with hidden = {key_heads * chunk}", x)
+    if gate_bias is not None and tuple(gate_bias.shape) != (key_heads,):
+        raise _shape_error("gate_bias", f"[Hk] = [{key_heads}]", gate_bias)
+    if any(t is not None and t.device != x.device for t in (weight, gate_bias)):
+        raise ValueError("x, weight and gate_bias must be on one device")
+    if x.device.type != "cuda" and not interpreting():
+        raise ValueError(f"the fused generator inputs need CUDA tensors, or TRITON_INTERPRET=1; got {x.device}")
+    u, gate = _inputs_op(x.reshape(x.shape[0], -1), weight, gate_bias, pairs, float(eps))
+    return u, (gate if gate_bias is not None else None)
+
+
 @torch.library.custom_op("srope::selective_rope_decode", mutates_args=())
 def _decode_op(
     q: torch.Tensor,
