@@ -102,10 +102,11 @@ stage_graphs() {  # eager and CUDA-graph layer and model speed; the graphed deco
   run 300 python benchmarks/bench_model.py --preset gla-370m --out $R/model_h200.json
 }
 
-stage_decode() {  # the decode step's kernels on the GPU (tests, checks), then the model benchmark with graphs
+stage_decode() {  # the decode step's kernels on the GPU (tests, checks), the model benchmark with graphs, the model checks
   run 200 $FAST -m pytest tests/triton -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
   run 120 python benchmarks/check_cuda_rotary.py --out $R/rotary_checks_h200.json
   run 200 python benchmarks/bench_model.py --preset gla-370m --out $R/model_h200.json
+  run 240 $FAST benchmarks/check_cuda_models.py --out $R/models_cuda_h200.json
 }
 
 stage_profile() {  # kernel by kernel: the GLA layer with each PE, the angle generator, its conv

@@ -134,7 +134,7 @@ def decode_errors(dtype: torch.dtype) -> dict:
     x = torch.randn(8, 20, 1024, device="cuda", dtype=dtype)
     q = torch.randn(8, 20, 4, 128, device="cuda", dtype=dtype)
     k = torch.randn(8, 20, 4, 128, device="cuda", dtype=dtype)
-    worst = {"q": 0.0, "k": 0.0, "phase": 0.0, "conv_state_equal": True}
+    worst = {"q": 0.0, "k": 0.0, "phase": 0.0, "conv_state": 0.0}
     with torch.no_grad():
         _, _, state = module(q[:, :16], k[:, :16], x[:, :16], use_cache=True)
         torch_state = fused_state = state
@@ -145,7 +145,8 @@ def decode_errors(dtype: torch.dtype) -> dict:
             worst["q"] = max(worst["q"], rel_err(q_out, q_ref))
             worst["k"] = max(worst["k"], rel_err(k_out, k_ref))
             worst["phase"] = max(worst["phase"], rel_err(fused_state.phase, torch_state.phase))
-            worst["conv_state_equal"] &= bool(torch.equal(fused_state.conv, torch_state.conv))
+            # u comes from its own kernel (another summation order than torch's bmm)
+            worst["conv_state"] = max(worst["conv_state"], rel_err(fused_state.conv, torch_state.conv))
     return worst
 
 

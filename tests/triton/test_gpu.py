@@ -42,7 +42,7 @@ def test_rope_real_size(dtype):
 def test_decode_step_matches_the_module(dtype):
     errors = cuda_checks.decode_errors(dtype)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
-    assert errors["conv_state_equal"] and errors["q"] < tol and errors["k"] < tol and errors["phase"] < tol, errors
+    assert errors["conv_state"] < 1e-6 and errors["q"] < tol and errors["k"] < tol and errors["phase"] < tol, errors
 
 
 def test_inductor_compile_and_cuda_graph():

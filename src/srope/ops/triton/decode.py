@@ -133,14 +133,19 @@ def _inputs_op(x: torch.Tensor, weight: torch.Tensor, gate_bias: torch.Tensor | 
     weight = weight.contiguous()
     u = torch.empty(count, key_heads * pairs, dtype=weight.dtype, device=x.device)
     gate = torch.empty(count, key_heads if gate_bias is not None else 0, dtype=weight.dtype, device=x.device)
+    # One slice of the head chunk per loop step: the whole chunk up to 16k weights (one
+    # round trip to memory for a latency-bound launch of N·Hk programs).
+    block_r = triton.next_power_of_2(pairs)
+    block_i = min(triton.next_power_of_2(chunk), max(16, 16384 // block_r))
+    if interpreting():
+        block_i = min(block_i, 8)  # the loop over slices stays tested
     if count > 0:
         with on_device(x):
             generator_inputs_kernel[(count, key_heads)](
                 x, weight, weight if gate_bias is None else gate_bias.contiguous(), u, gate, eps, x.stride(0),
                 Hk=key_heads, I=chunk, R=pairs, M=width, BH=triton.next_power_of_2(key_heads),
-                BI=min(triton.next_power_of_2(chunk), max(16, 4096 // triton.next_power_of_2(pairs))),
-                BR=triton.next_power_of_2(pairs), GATE=gate_bias is not None, F64=weight.dtype == torch.float64,
-                num_warps=4,
+                BI=block_i, BR=block_r, GATE=gate_bias is not None, F64=weight.dtype == torch.float64,
+                num_warps=8 if block_i * block_r >= 8192 else 4,
             )
     return u, gate
 
