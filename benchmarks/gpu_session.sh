@@ -109,13 +109,6 @@ stage_decode() {  # the decode step's kernels on the GPU (tests, checks), the mo
   run 240 $FAST benchmarks/check_cuda_models.py --out $R/models_cuda_h200.json
 }
 
-stage_projection() {  # the projection's input-gradient kernel: GPU tests, then layer speed, kernel profile, model speed
-  run 200 $FAST -m pytest tests/triton -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
-  run 200 python benchmarks/bench_layer.py --out $R/layer_h200.json
-  run 200 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
-  run 200 python benchmarks/bench_model.py --preset gla-370m --out $R/model_h200.json
-}
-
 stage_profile() {  # kernel by kernel: the GLA layer with each PE, the angle generator, its conv
   run ${PROFILE_LIMIT:-200} python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
 }

@@ -22,7 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from srope.ops.triton import decode, kernels, ops, projection
+from srope.ops.triton import decode, kernels, ops
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -54,7 +54,6 @@ def record_launches() -> list:
         setattr(ops, name, Recorder(getattr(ops, name), name, calls))
     decode.decode_step_kernel = Recorder(decode.decode_step_kernel, "decode_step_kernel", calls)
     decode.generator_inputs_kernel = Recorder(decode.generator_inputs_kernel, "generator_inputs_kernel", calls)
-    projection.projection_dx_kernel = Recorder(projection.projection_dx_kernel, "projection_dx_kernel", calls)
     # (dim, pairs, block_t, dtype, packed): the 8x4096x4x128 and 16x4096x16x64 benchmarks' tiles
     # (every RoPE autotune config); odd R with partial rotary, float32, packed (the first config only).
     cases = ((128, 64, ops.default_block_t(8, 4096, 4, 64), torch.bfloat16, False),
@@ -80,9 +79,6 @@ def record_launches() -> list:
         None, torch.zeros(4, 64), torch.zeros(8, 4, **bf16), True,
     )
     decode._inputs_op(torch.zeros(8, 1024, **bf16), torch.zeros(4, 256, 68), torch.zeros(4), 64, 1e-6)  # GLA-370M, standard gate
-    f32 = dict(dtype=torch.float32)  # the generator's projection at the GLA-370M layer: 4 heads x 256 -> 64 pairs + a gate
-    projection._launch(torch.zeros(64, 4, 65, **f32), torch.zeros(64, 4, 65, **f32), torch.zeros(64, 4, **f32),
-                       torch.zeros(64, 4, 256, **f32), torch.zeros(4, 256, 65, **f32))
     return calls
 
 

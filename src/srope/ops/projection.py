@@ -7,8 +7,7 @@ never built, and every head's maps (the ω projection and the first layers of th
 share one read of x. The weight gradient, a reduction over all tokens into a small
 matrix, is split into slabs of :data:`SLAB` tokens so that it fills the GPU (one long
 reduction ran on a few dozen thread blocks: 1.2 ms of the generator's 3.3 ms at
-8 × 4096 tokens on the H200). On CUDA the input gradient is one Triton kernel
-(:mod:`srope.ops.triton.projection`).
+8 × 4096 tokens on the H200).
 """
 
 from __future__ import annotations
@@ -52,15 +51,10 @@ class _NormalizedHeadProjection(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # d/dx of r(x)·z(x), r = (|x|² + ε)^(-1/2): the map's gradient scaled by r, plus
             # x · dr/d|x|² · 2 (dy·z) = -r³ (dy·z) x.
-            if x.is_cuda:  # one kernel instead of a GEMM and a broadcast pass over x
-                from srope.ops.triton.projection import projection_input_grad
-
-                dx = projection_input_grad(dy, z, inv_norm, x, weight)
-            else:
-                d_norm = -(dy * z).sum(-1) * inv_norm.pow(3)  # [N, H]
-                dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-                torch.bmm(dz.transpose(0, 1), weight.mT, out=dx.transpose(0, 1))
-                dx.addcmul_(x, d_norm[..., None])
+            d_norm = -(dy * z).sum(-1) * inv_norm.pow(3)  # [N, H]
+            dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+            torch.bmm(dz.transpose(0, 1), weight.mT, out=dx.transpose(0, 1))
+            dx.addcmul_(x, d_norm[..., None])
         if ctx.needs_input_grad[1]:
             dw = _weight_grad(x, dz)
         return dx, dw, None
