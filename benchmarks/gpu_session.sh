@@ -109,6 +109,11 @@ stage_decode() {  # the decode step's kernels on the GPU (tests, checks), the mo
   run 240 $FAST benchmarks/check_cuda_models.py --out $R/models_cuda_h200.json
 }
 
+stage_final() {  # the CUDA demo preset, then the GPU tests of the final code
+  run ${DEMO_LIMIT:-240} $FAST -m srope demo --device cuda --out $R/demo_cuda
+  run 200 $FAST -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
+}
+
 stage_profile() {  # kernel by kernel: the GLA layer with each PE, the angle generator, its conv
   run ${PROFILE_LIMIT:-200} python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
 }

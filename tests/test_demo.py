@@ -183,7 +183,8 @@ def test_position_weight_decay_groups():
         assert [g["weight_decay"] for g in groups] == decays
         assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
     model = demo.build_model(TINY, "selective_rope", seed=0)
-    assert [g["weight_decay"] for g in demo.make_optimizer(model, dataclasses.replace(TINY, weight_decay=0.1)).param_groups] == [0.1, 0.1]
+    decayed = dataclasses.replace(TINY, weight_decay=0.1, position_weight_decay=True)
+    assert [g["weight_decay"] for g in demo.make_optimizer(model, decayed).param_groups] == [0.1, 0.1]
 
 
 def test_trained_model_accuracy_by_hand():
