@@ -114,6 +114,10 @@ stage_final() {  # the CUDA demo preset, then the GPU tests of the final code
   run 200 $FAST -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
 }
 
+stage_opdecode() {  # the op-level one-token decode step (and our RoPE op beside it), without the full op benchmark
+  run 200 python benchmarks/bench_op.py --only rope_srope --out $R/op_decode_h200.json
+}
+
 stage_profile() {  # kernel by kernel: the GLA layer with each PE, the angle generator, its conv
   run ${PROFILE_LIMIT:-200} python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
 }
