@@ -122,6 +122,12 @@ stage_profile() {  # kernel by kernel: the GLA layer with each PE, the angle gen
   run ${PROFILE_LIMIT:-200} python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
 }
 
+stage_gradlow() {  # the generator's backward products under autocast: profile, GLA layer, model speed, model checks
+  run 150 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
+  run 120 python benchmarks/bench_layer.py --hosts gla --out $R/layer_gla_h200.json
+  run 240 python benchmarks/bench_model.py --preset gla-370m --out $R/model_h200.json
+}
+
 stage_op() {
   run ${OP_LIMIT:-240} python benchmarks/bench_op.py --out $R/op_h200.json
 }

@@ -264,6 +264,43 @@ def test_phase_noise_only_in_training_with_the_asked_spread(options):
         assert (a is None) == (b is None) and (a is None or rel_err(a, b) < 1e-12)
 
 
+def test_projection_gain_scales_the_initial_increments():
+    """projection_gain g starts the weight-norm gain at g: before the conv, u = g · (unit
+    weight · x̂), so the initial pre-conv increments are g times those of gain 1."""
+    from srope.ops.layout import RowLayout
+
+    def build(**options):
+        torch.manual_seed(5)
+        spec = {"type": "selective_rope", "gate": None, "conv_size": 1, "conv_activation": None, **options}
+        return build_position_encoding(spec, hidden_size=HIDDEN, num_heads=KEY_HEADS, head_dim=HEAD_DIM).double()
+
+    one, four = build(), build(projection_gain=4.0)
+    assert torch.equal(four.proj_gain, torch.full_like(four.proj_gain, 4.0))
+    x = make_inputs(2, 7, seed=33)[2]
+    assert rel_err(four.generator_inputs(x)[0], 4 * one.generator_inputs(x)[0]) < 1e-15
+    four.reset_parameters()
+    assert torch.equal(four.proj_gain, torch.full_like(four.proj_gain, 4.0))
+    assert four.phase_increments(x, RowLayout(2, 7))[0].shape == (2, 7, KEY_HEADS, four.pairs)
+
+
+def test_autocast_keeps_the_generator_forward_and_lowers_its_backward_products():
+    """Under (CPU) bf16 autocast the increments are the float32 ones bit for bit; the ω map's
+    gradients come from bf16 products (close to, not equal to, the float32 gradients)."""
+    from srope.ops.layout import RowLayout
+
+    module = make_module("selective_rope", {"gate": "standard", "conv_size": 3}).float()
+    x = make_inputs(2, 33, seed=34)[2].float()
+    layout = RowLayout(2, 33)
+    weights = randn(2, 33, KEY_HEADS, module.pairs, seed_gen=generator(35)).float()
+    plain = module.phase_increments(x, layout)[0]
+    grad_plain = torch.autograd.grad((plain * weights).sum(), module.proj_weight)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = module.phase_increments(x, layout)[0]
+    grad_mixed = torch.autograd.grad((mixed * weights).sum(), module.proj_weight)[0]
+    assert mixed.dtype == torch.float32 and torch.equal(mixed, plain)
+    assert 1e-5 < rel_err(grad_mixed, grad_plain) < 2e-2
+
+
 @pytest.mark.parametrize("value", [-0.1, float("inf"), float("nan"), "0.1", True])
 def test_bad_phase_noise_raises(value):
     with pytest.raises(ValueError, match="phase_noise must be a finite number >= 0"):
@@ -337,6 +374,10 @@ BAD_CONFIGS = [
     ({"type": "selective_rope", "conv_activation": "gelu"}, "activation must be one of"),
     ({"type": "selective_rope", "max_temperature": -1.0}, "max_value must be a positive"),
     ({"type": "selective_rope", "use_gate": True}, "bad options for position encoding 'selective_rope'"),
+    ({"type": "selective_rope", "projection_gain": 0.0}, "projection_gain must be a finite number > 0"),
+    ({"type": "selective_rope", "projection_gain": float("nan")}, "projection_gain must be a finite number > 0"),
+    ({"type": "selective_rope", "projection_gain": 2.0, "weight_norm": False}, "needs projection='full-rank' and weight_norm=True"),
+    ({"type": "selective_rope", "projection_gain": 2.0, "projection": "low-rank"}, "needs projection='full-rank' and weight_norm=True"),
 ]
 
 

@@ -53,3 +53,31 @@ def test_zero_input_rows_stay_finite():
 def test_bad_shapes_and_dtypes_raise(x_shape, w_shape, dtype, error):
     with pytest.raises(error, match="x"):
         normalized_head_projection(torch.randn(x_shape, dtype=torch.float64), torch.randn(w_shape, dtype=dtype), 1e-6)
+
+
+@pytest.mark.parametrize("grad_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [5, 9])
+def test_low_precision_backward(monkeypatch, grad_dtype, tokens):
+    """grad_dtype changes the backward's products only: the forward is bitwise the float32
+    one, and both gradients stay within that dtype's rounding of the float64 ones."""
+    monkeypatch.setattr(projection, "SLAB", 4)
+    gen = generator(tokens)
+    x64 = torch.randn(2, tokens, 3, 16, generator=gen, dtype=torch.float64)
+    w64 = torch.randn(3, 16, 8, generator=gen, dtype=torch.float64)
+    grad = torch.randn(2, tokens, 3, 8, generator=gen, dtype=torch.float64)
+    ref = torch.autograd.grad(explicit(x64.requires_grad_(), w64.requires_grad_(), 1e-6), (x64, w64), grad)
+    x, w = x64.detach().float().requires_grad_(), w64.detach().float().requires_grad_()
+    full = normalized_head_projection(x, w, 1e-6)
+    low = normalized_head_projection(x, w, 1e-6, grad_dtype)
+    assert torch.equal(full, low)
+    grads = torch.autograd.grad(low, (x, w), grad.float())
+    exact = torch.autograd.grad(full, (x, w), grad.float())
+    for ours, fp32, expected in zip(grads, exact, ref):
+        assert ours.dtype == torch.float32
+        assert rel_err(ours.double(), expected) < (2e-2 if grad_dtype == torch.bfloat16 else 3e-3)
+        assert rel_err(ours, fp32) > 1e-5  # the products did run in grad_dtype
+
+
+def test_bad_grad_dtype_raises():
+    with pytest.raises(TypeError, match="grad_dtype"):
+        normalized_head_projection(torch.randn(4, 2, 3), torch.randn(2, 3, 5), 1e-6, torch.float64)

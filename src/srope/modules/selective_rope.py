@@ -49,6 +49,9 @@ class SelectiveRoPE(PositionEncoding):
         weight_norm: full-rank only: each output unit's weight has unit ℓ2 norm times a
             learned per-head gain (init 1); with the normalised input, every pre-conv
             increment is a scaled cosine (True).
+        projection_gain: initial value of that gain (1.0). A larger gain spreads the angle
+            steps that different tokens make at init, so that some rotation pairs start
+            with steps far apart (``srope demo`` uses 4; see ``srope/demo.py``).
         conv_size: width of the causal depthwise conv over the increments (4).
         skip_conv: replace the learned conv by the first difference ``u_t - u_{t-1}`` (False).
         conv_activation: ``"silu"`` or None, after the conv or the difference ("silu", the
@@ -83,6 +86,7 @@ class SelectiveRoPE(PositionEncoding):
         projection: str = "full-rank",
         projection_rank: int = 16,
         weight_norm: bool = True,
+        projection_gain: float = 1.0,
         conv_size: int = 4,
         skip_conv: bool = False,
         conv_activation: str | None = "silu",
@@ -111,6 +115,11 @@ class SelectiveRoPE(PositionEncoding):
             raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
         if isinstance(phase_noise, bool) or not isinstance(phase_noise, (int, float)) or not 0 <= phase_noise < math.inf:
             raise ValueError(f"phase_noise must be a finite number >= 0 (radians), got {phase_noise!r}")
+        if isinstance(projection_gain, bool) or not isinstance(projection_gain, (int, float)) or not 0 < projection_gain < math.inf:
+            raise ValueError(f"projection_gain must be a finite number > 0, got {projection_gain!r}")
+        if projection_gain != 1.0 and not (weight_norm and projection == "full-rank"):
+            raise ValueError("projection_gain is the initial gain of the weight-normed full-rank projection; "
+                             f"it needs projection='full-rank' and weight_norm=True, got {projection=!r}, {weight_norm=!r}")
         if spectrum not in SPECTRA:
             raise ValueError(f"spectrum must be one of {SPECTRA}, got {spectrum!r}")
         for name, value in (("projection_rank", projection_rank), ("gate_rank", gate_rank), ("conv_size", conv_size)):
@@ -120,6 +129,7 @@ class SelectiveRoPE(PositionEncoding):
         self.pairs = rotary_dim // 2
         self.projection, self.gate_type, self.norm_eps = projection, gate, norm_eps
         self.phase_noise = float(phase_noise)
+        self.projection_gain = float(projection_gain)
         self.spectrum_kind = spectrum
         self.spectrum_args = dict(theta=theta, epsilon=epsilon, max_value=max_temperature)
         self._temperatures: dict = {}
@@ -157,7 +167,8 @@ class SelectiveRoPE(PositionEncoding):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """(Re)initialise every parameter: PyTorch's defaults for the linear maps and the conv,
-        Kaiming-uniform per head (fan-in hidden/Hk) for the full-rank projection, gain 1,
+        Kaiming-uniform per head (fan-in hidden/Hk) for the full-rank projection, gain
+        ``projection_gain``,
         bias 0, a learnable temperature at its spectrum."""
         for module in self.modules():
             if module is not self and hasattr(module, "reset_parameters"):
@@ -166,7 +177,7 @@ class SelectiveRoPE(PositionEncoding):
             for head in range(self.num_heads):
                 nn.init.kaiming_uniform_(self.proj_weight[head].T, a=math.sqrt(5))
             if self.proj_gain is not None:
-                nn.init.ones_(self.proj_gain)
+                nn.init.constant_(self.proj_gain, self.projection_gain)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
         if self.learned_temperature is not None:
@@ -215,16 +226,18 @@ class SelectiveRoPE(PositionEncoding):
         self._first_layer_cache = None if key is None else (key, result)
         return result
 
-    def generator_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def generator_inputs(self, x: torch.Tensor, grad_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """From the block input ``x [B, T, hidden]``: the projected increments before the
         conv, ``u = W_ω x̂`` ``[B, T, Hk·R]``, and the phase gate ``sigmoid(...)`` of x̂
         (``[B, T, Hk]``, per-channel ``[B, T, Hk·R]``; None without a gate), in
         max(float32, x.dtype). x̂ is x ℓ2-normalised per head chunk; every first layer
-        acting on it runs in one :func:`normalized_head_projection` (x̂ is never built)."""
+        acting on it runs in one :func:`normalized_head_projection` (x̂ is never built);
+        ``grad_dtype`` is the dtype of that function's backward products (float32 inputs only)."""
         dtype = compute_dtype(x.dtype)
         weight, sizes = self._first_layers(dtype)
         chunks = x.unflatten(-1, (self.num_heads, -1)).to(dtype)
-        parts = normalized_head_projection(chunks, weight, self.norm_eps).split(sizes, dim=-1)
+        grad_dtype = grad_dtype if dtype == torch.float32 else None
+        parts = normalized_head_projection(chunks, weight, self.norm_eps, grad_dtype).split(sizes, dim=-1)
         # Maps of the whole (flattened) x̂ are the sums of their per-head shares.
         u = parts[0].flatten(-2) if self.projection == "full-rank" else _linear(self.proj[1], parts[0].sum(-2))
         if self.gate is None:
@@ -239,9 +252,13 @@ class SelectiveRoPE(PositionEncoding):
         """φ ``[B, T, Hk, R]`` from the block input, and the conv's final state.
 
         Computed in max(float32, x.dtype) with autocast off: the increments are summed over
-        the whole sequence, so bf16 rounding of each would accumulate into the angles."""
-        with torch.autocast(x.device.type, enabled=False):
-            u, gate = self.generator_inputs(x)
+        the whole sequence, so bf16 rounding of each would accumulate into the angles. Under
+        autocast the backward's two large products (the ω map's input and weight gradients)
+        run in autocast's dtype, as autocast runs the rest of the backward."""
+        device = x.device.type
+        grad_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        with torch.autocast(device, enabled=False):
+            u, gate = self.generator_inputs(x, grad_dtype)
             phi, conv_state = self.conv(u, layout, conv_state)
             phi = phi.unflatten(-1, (self.num_heads, self.pairs))
             if self.bias is not None:

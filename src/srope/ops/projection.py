@@ -8,6 +8,12 @@ share one read of x. The weight gradient, a reduction over all tokens into a sma
 matrix, is split into slabs of :data:`SLAB` tokens so that it fills the GPU (one long
 reduction ran on a few dozen thread blocks: 1.2 ms of the generator's 3.3 ms at
 8 × 4096 tokens on the H200).
+
+The forward always runs in the inputs' dtype (float32 or float64): the outputs become angle
+increments that are summed over the whole sequence. The backward's two products (input and
+weight gradients) may run in a lower ``grad_dtype`` (bfloat16 under autocast, as autocast
+runs every other matmul of the backward), accumulated and returned in the inputs' dtype:
+a gradient's rounding does not accumulate along the sequence.
 """
 
 from __future__ import annotations
@@ -27,19 +33,20 @@ def _weight_grad(x: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
     grads = []
     for head in range(heads):
         xh, dh = x[:, head], dz[:, head]
-        grad = xh[main:].T @ dh[main:]
-        if main:
-            grad = grad + torch.bmm(xh[:main].unflatten(0, (slabs, SLAB)).mT, dh[:main].unflatten(0, (slabs, SLAB))).sum(0)
+        grad = (xh[main:].T @ dh[main:]).float() if x.dtype in (torch.float16, torch.bfloat16) else xh[main:].T @ dh[main:]
+        if main:  # the slabs' partial sums add up in at least float32
+            grad = grad + torch.bmm(xh[:main].unflatten(0, (slabs, SLAB)).mT, dh[:main].unflatten(0, (slabs, SLAB))).sum(0, dtype=grad.dtype)
         grads.append(grad)
     return torch.stack(grads)
 
 
 class _NormalizedHeadProjection(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype) -> torch.Tensor:
         inv_norm = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() + eps)  # [N, H]
         z = torch.bmm(x.transpose(0, 1), weight).transpose(0, 1)  # [N, H, M]
         ctx.save_for_backward(x, weight, inv_norm, z)
+        ctx.grad_dtype = grad_dtype
         return z * inv_norm[..., None]
 
     @staticmethod
@@ -48,26 +55,37 @@ class _NormalizedHeadProjection(torch.autograd.Function):
         x, weight, inv_norm, z = ctx.saved_tensors
         dz = dy * inv_norm[..., None]
         dx = dw = None
+        low = ctx.grad_dtype != x.dtype
+        if low:  # products in grad_dtype, everything else in x's dtype
+            x_low, dz_low = x.to(ctx.grad_dtype), dz.to(ctx.grad_dtype)
         if ctx.needs_input_grad[0]:
             # d/dx of r(x)·z(x), r = (|x|² + ε)^(-1/2): the map's gradient scaled by r, plus
             # x · dr/d|x|² · 2 (dy·z) = -r³ (dy·z) x.
             d_norm = -(dy * z).sum(-1) * inv_norm.pow(3)  # [N, H]
-            dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-            torch.bmm(dz.transpose(0, 1), weight.mT, out=dx.transpose(0, 1))
-            dx.addcmul_(x, d_norm[..., None])
+            # The product is written in place in [N, H, I] order (cuBLAS takes the strides),
+            # so that the pass that adds the norm's term reads and writes contiguous memory.
+            product = torch.empty(x.shape, dtype=dz_low.dtype if low else x.dtype, device=x.device)
+            torch.bmm((dz_low if low else dz).transpose(0, 1), weight.to(product.dtype).mT, out=product.transpose(0, 1))
+            dx = torch.addcmul(product, x, d_norm[..., None]) if low else product.addcmul_(x, d_norm[..., None])
         if ctx.needs_input_grad[1]:
-            dw = _weight_grad(x, dz)
-        return dx, dw, None
+            dw = _weight_grad(x_low, dz_low).to(x.dtype) if low else _weight_grad(x, dz)
+        return dx, dw, None, None
 
 
-def normalized_head_projection(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def normalized_head_projection(x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x̂_h @ weight[h]`` for ``x [..., H, I]`` and ``weight [H, I, M]``: ``[..., H, M]``.
 
-    Same dtype for both (the generator's float32 or float64); no autocast inside."""
+    Same dtype for both (the generator's float32 or float64); no autocast inside.
+    ``grad_dtype`` (default: that dtype) is the dtype of the backward's two matrix
+    products, float16 or bfloat16 for speed (the gradients come back in x's dtype)."""
     if x.dim() < 2 or weight.dim() != 3 or x.shape[-2:] != weight.shape[:2]:
         raise ValueError(f"x [..., H, I] and weight [H, I, M] must agree, got {tuple(x.shape)} and {tuple(weight.shape)}")
     if x.dtype != weight.dtype:
         raise TypeError(f"x and weight must share a dtype, got {x.dtype} and {weight.dtype}")
+    if grad_dtype is None:
+        grad_dtype = x.dtype
+    if grad_dtype not in (x.dtype, torch.float16, torch.bfloat16):
+        raise TypeError(f"grad_dtype must be None, {x.dtype}, torch.float16 or torch.bfloat16, got {grad_dtype}")
     lead = x.shape[:-2]
-    y = _NormalizedHeadProjection.apply(x.reshape(-1, *x.shape[-2:]), weight, eps)
+    y = _NormalizedHeadProjection.apply(x.reshape(-1, *x.shape[-2:]), weight, eps, grad_dtype)
     return y.reshape(*lead, *y.shape[-2:])
