@@ -122,6 +122,16 @@ stage_profile() {  # kernel by kernel: the GLA layer with each PE, the angle gen
   run ${PROFILE_LIMIT:-200} python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
 }
 
+stage_genops() {  # the generator's kernels attributed to ATen ops (profile_layer's parts.generator.ops)
+  run 150 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
+}
+
+stage_fusedgrad() {  # the generator's fused input gradient: tiles against torch, its GPU tests, then gradlow
+  run 120 python benchmarks/tune_projection_grad.py --out $R/tune_projection_grad_h200.json
+  run 200 python -m pytest tests/triton/test_projection_grad.py -q -p no:cacheprovider -rA
+  stage_gradlow
+}
+
 stage_gradlow() {  # the generator's backward products under autocast: profile, GLA layer, model speed, model checks
   run 150 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
   run 120 python benchmarks/bench_layer.py --hosts gla --out $R/layer_gla_h200.json

@@ -37,6 +37,23 @@ def profile(fn, repeats: int = 5, top: int = 25) -> dict:
             "kernels": ranked}
 
 
+def op_profile(fn, repeats: int = 5, top: int = 20) -> list[dict]:
+    """The ``top`` ATen ops of ``fn`` by the GPU time of the kernels they launched (ms per
+    call), grouped by op and input shapes: which op a kernel in :func:`profile` belongs to."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    fn()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    ops = [e for e in prof.key_averages(group_by_input_shape=True) if e.self_device_time_total > 0]
+    ops.sort(key=lambda e: -e.self_device_time_total)
+    return [{"op": e.key, "shapes": str(e.input_shapes)[:160], "calls": e.count / repeats,
+             "device_ms": round(e.self_device_time_total / 1e3 / repeats, 4)} for e in ops[:top]]
+
+
 def host_profile(fn, steps: int = 5, top: int = 30) -> dict:
     """Where the CPU side of ``fn`` goes, backward's autograd thread included:
     ``torch.profiler`` CPU events over ``steps`` calls after a warm-up, the ``top`` ops by
@@ -101,6 +118,9 @@ def main() -> None:
         phi.backward(torch.ones_like(phi))
 
     report["parts"]["generator"] = profile(generator)
+    report["parts"]["generator"]["ops"] = op_profile(generator)
+    for row in report["parts"]["generator"]["ops"][:12]:
+        print(f"{row['device_ms']:8.4f} {row['op']:<28} {row['shapes']}", flush=True)
     channels = pe.num_heads * pe.pairs
     u = torch.randn(batch, length, channels, device=device, requires_grad=True)
     weight = pe.conv.kernel().detach().clone().requires_grad_()

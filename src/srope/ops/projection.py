@@ -21,6 +21,9 @@ from __future__ import annotations
 import torch
 
 SLAB = 2048  # tokens per partial weight gradient
+# On CUDA, the low-precision backward's input gradient runs as one Triton kernel
+# (srope.ops.triton.projection); False takes the torch route (the tests compare the two).
+FUSED_INPUT_GRAD = True
 
 
 def _weight_grad(x: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
@@ -56,17 +59,25 @@ class _NormalizedHeadProjection(torch.autograd.Function):
         dz = dy * inv_norm[..., None]
         dx = dw = None
         low = ctx.grad_dtype != x.dtype
+        x_low = None
         if low:  # products in grad_dtype, everything else in x's dtype
-            x_low, dz_low = x.to(ctx.grad_dtype), dz.to(ctx.grad_dtype)
+            dz_low = dz.to(ctx.grad_dtype)
         if ctx.needs_input_grad[0]:
             # d/dx of r(x)·z(x), r = (|x|² + ε)^(-1/2): the map's gradient scaled by r, plus
             # x · dr/d|x|² · 2 (dy·z) = -r³ (dy·z) x.
             d_norm = -(dy * z).sum(-1) * inv_norm.pow(3)  # [N, H]
-            # The product is written in place in [N, H, I] order (cuBLAS takes the strides),
-            # so that the pass that adds the norm's term reads and writes contiguous memory.
-            product = torch.empty(x.shape, dtype=dz_low.dtype if low else x.dtype, device=x.device)
-            torch.bmm((dz_low if low else dz).transpose(0, 1), weight.to(product.dtype).mT, out=product.transpose(0, 1))
-            dx = torch.addcmul(product, x, d_norm[..., None]) if low else product.addcmul_(x, d_norm[..., None])
+            if low and FUSED_INPUT_GRAD and x.is_cuda and x.dtype == torch.float32:
+                from srope.ops.triton.projection import projection_input_grad
+
+                dx, x_low = projection_input_grad(dz_low, weight.to(ctx.grad_dtype), x, d_norm, ctx.needs_input_grad[1])
+            else:
+                # The product is written in place in [N, H, I] order (cuBLAS takes the
+                # strides), so that the add of the norm's term reads contiguous memory.
+                product = torch.empty(x.shape, dtype=dz_low.dtype if low else x.dtype, device=x.device)
+                torch.bmm((dz_low if low else dz).transpose(0, 1), weight.to(product.dtype).mT, out=product.transpose(0, 1))
+                dx = torch.addcmul(product, x, d_norm[..., None]) if low else product.addcmul_(x, d_norm[..., None])
+        if low and x_low is None and ctx.needs_input_grad[1]:
+            x_low = x.to(ctx.grad_dtype)
         if ctx.needs_input_grad[1]:
             dw = _weight_grad(x_low, dz_low).to(x.dtype) if low else _weight_grad(x, dz)
         return dx, dw, None, None
