@@ -126,6 +126,18 @@ stage_genops() {  # the generator's kernels attributed to ATen ops (profile_laye
   run 150 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
 }
 
+stage_final2() {  # the CUDA demo preset with the CPU preset's projection gain, then the GPU tests of the final code
+  run ${DEMO_LIMIT:-240} $FAST benchmarks/screen_demo.py --full '{"selective_rope": {"projection_gain": 8}}' --preset cuda \
+    --device cuda --out $R/demo_cuda_gain8
+  run 240 $FAST -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
+  run 100 python -m pytest tests/triton/test_projection_grad.py -q -p no:cacheprovider -rA
+}
+
+stage_cudavariant() {  # one whole CUDA demo of a variant: CUDA_VARIANT (JSON overrides of the cuda preset) -> CUDA_VARIANT_OUT
+  run ${DEMO_LIMIT:-240} $FAST benchmarks/screen_demo.py --full "$CUDA_VARIANT" --preset cuda --device cuda --seed ${CUDA_SEED:-0} \
+    --out $R/$CUDA_VARIANT_OUT
+}
+
 stage_fusedgrad() {  # the generator's fused input gradient: tiles against torch, its GPU tests, then gradlow
   run 120 python benchmarks/tune_projection_grad.py --out $R/tune_projection_grad_h200.json
   run 200 python -m pytest tests/triton/test_projection_grad.py -q -p no:cacheprovider -rA

@@ -7,6 +7,10 @@ and is scored on ``--eval-size`` fresh sequences at 128 and 512. Runs go ``--thr
 each, as many at once as the cores allow, so a 16-core host screens eight runs at a time.
 
     python benchmarks/screen_demo.py --variants variants.json --seeds 0-4 --out screen.json
+
+A whole demo (all three encodings, plot and results.json) of one variant, on any device:
+
+    python benchmarks/screen_demo.py --full '{"selective_rope": {"projection_gain": 8}}' --preset cuda --device cuda --out DIR
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def variant_config(overrides: dict, eval_size: int):
+def variant_config(overrides: dict, eval_size: int | None = None, preset: str = "cpu"):
+    """The ``preset`` with ``overrides`` (``eval_size`` too, unless None), checked."""
     from srope import demo
 
-    base = demo.CPU
+    base = demo.PRESETS[preset]
     fields = dict(overrides)
     for name in ("model", "selective_rope"):
         if name in fields:
@@ -39,7 +44,9 @@ def variant_config(overrides: dict, eval_size: int):
         fields["curriculum"] = tuple(tuple(stage) for stage in fields["curriculum"])
     if "betas" in fields:
         fields["betas"] = tuple(fields["betas"])
-    config = dataclasses.replace(base, eval_size=eval_size, **fields)
+    if eval_size is not None:
+        fields["eval_size"] = eval_size
+    config = dataclasses.replace(base, **fields)
     config.check()
     return config
 
@@ -64,16 +71,34 @@ def run_one(job: tuple[str, dict, int, int, int, str]) -> dict:
             "seconds": round(time.perf_counter() - start, 1)}
 
 
+def run_full(overrides: str, preset: str, device: str, seed: int, out: str) -> None:
+    import dataclasses as dc
+
+    from srope import demo
+
+    config = variant_config(json.loads(overrides), preset=preset)
+    config = dc.replace(config, name=f"{preset} + {overrides}")
+    demo.run_demo(out=out, device=device, seed=seed, config=config)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", required=True, help="JSON file: {name: {field: value, ...}, ...}")
+    parser.add_argument("--variants", help="JSON file: {name: {field: value, ...}, ...}")
+    parser.add_argument("--full", help="JSON overrides: run one whole demo of that variant instead of a screen")
+    parser.add_argument("--preset", default="cpu", help="with --full: the preset the overrides apply to")
+    parser.add_argument("--device", default="cpu", help="with --full: where to run")
+    parser.add_argument("--seed", type=int, default=0, help="with --full: the seed")
     parser.add_argument("--seeds", default="0-4")
     parser.add_argument("--eval-size", type=int, default=300)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kinds", default="selective_rope", help="comma-separated position encodings")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-
+    if args.full is not None:
+        run_full(args.full, args.preset, args.device, args.seed, args.out)
+        return
+    if args.variants is None:
+        parser.error("give --variants (a screen) or --full (one whole demo)")
     with open(args.variants) as f:
         variants = json.load(f)
     jobs = [(name, overrides, seed, args.eval_size, args.threads, kind)

@@ -187,6 +187,24 @@ def test_position_weight_decay_groups():
     assert [g["weight_decay"] for g in demo.make_optimizer(model, decayed).param_groups] == [0.1, 0.1]
 
 
+def test_position_lr_scale_scales_only_the_encodings_steps():
+    """Adam's first step moves every parameter by lr (sign of its gradient); with
+    position_lr_scale s the encoding's parameters move by s·lr and the rest by lr."""
+    config = dataclasses.replace(TINY, position_lr_scale=0.25, weight_decay=0.0, grad_clip=None, warmup_steps=0,
+                                 cooldown_steps=0, curriculum=((8, 1),))
+    model = demo.build_model(config, "selective_rope", seed=0)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trained, _ = demo.train_model("selective_rope", config, seed=0, device="cpu")
+    moved = {name: (p.detach() - before[name]).abs().max().item() for name, p in trained.named_parameters()}
+    position = [v for name, v in moved.items() if ".position." in name and v > 0]
+    others = [v for name, v in moved.items() if ".position." not in name and v > 0]
+    assert position and others
+    # g / (|g| + ε) is just below 1 for the largest steps (Adam ε = 1e-6)
+    assert max(position) == pytest.approx(0.25 * config.lr, rel=1e-2) and max(others) == pytest.approx(config.lr, rel=1e-2)
+    with pytest.raises(ValueError, match="position_lr_scale must be a positive number"):
+        dataclasses.replace(TINY, position_lr_scale=0.0).check()
+
+
 def test_trained_model_accuracy_by_hand():
     """The demo's score of a (briefly) trained model equals a by-hand count on a few sequences."""
     model, losses = demo.train_model("selective_rope", TINY, seed=0, device="cpu")
