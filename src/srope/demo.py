@@ -303,8 +303,8 @@ class DemoConfig:
 # 1.00/0.99, 0/0, 1.00/0.00, 1.00/0.93, 1.00/1.00, 1.00/0.99, 1.00/0.85, 1.00/0.00 (5 of 10
 # meet, 9 of 10 learn). On 15 fresh seeds: 6 meet, 13 learn (the previous preset on its
 # 10 fresh seeds: 2 meet, 4 learn). The remaining failure is the drift. A lower learning
-# rate for the encoding (position_lr_scale, screen 35 on seeds 5-14): 0.25 5/10, 0.5 5 of
-# 9 run (two and three never learn) - not better, so not in the preset.
+# rate for the encoding (position_lr_scale, screen 35 on seeds 5-14, 2 threads): 0.25 5/10,
+# 0.5 5/10 (two and three never learn) - not better, so not in the preset.
 _SELECTIVE_ROPE = {
     "projection": "full-rank", "conv_size": 1, "conv_activation": None, "bias": True, "gate": "per-channel",
     "spectrum": "uniform", "max_temperature": math.pi,
