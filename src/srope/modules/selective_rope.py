@@ -51,7 +51,7 @@ class SelectiveRoPE(PositionEncoding):
             increment is a scaled cosine (True).
         projection_gain: initial value of that gain (1.0). A larger gain spreads the angle
             steps that different tokens make at init, so that some rotation pairs start
-            with steps far apart (``srope demo`` uses 4; see ``srope/demo.py``).
+            with steps far apart (``srope demo`` uses 8; see ``srope/demo.py``).
         conv_size: width of the causal depthwise conv over the increments (4).
         skip_conv: replace the learned conv by the first difference ``u_t - u_{t-1}`` (False).
         conv_activation: ``"silu"`` or None, after the conv or the difference ("silu", the
@@ -168,8 +168,7 @@ class SelectiveRoPE(PositionEncoding):
     def reset_parameters(self) -> None:
         """(Re)initialise every parameter: PyTorch's defaults for the linear maps and the conv,
         Kaiming-uniform per head (fan-in hidden/Hk) for the full-rank projection, gain
-        ``projection_gain``,
-        bias 0, a learnable temperature at its spectrum."""
+        ``projection_gain``, bias 0, a learnable temperature at its spectrum."""
         for module in self.modules():
             if module is not self and hasattr(module, "reset_parameters"):
                 module.reset_parameters()

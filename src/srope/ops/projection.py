@@ -36,7 +36,8 @@ def _weight_grad(x: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
     grads = []
     for head in range(heads):
         xh, dh = x[:, head], dz[:, head]
-        grad = (xh[main:].T @ dh[main:]).float() if x.dtype in (torch.float16, torch.bfloat16) else xh[main:].T @ dh[main:]
+        grad = xh[main:].T @ dh[main:]
+        grad = grad.float() if grad.dtype in (torch.float16, torch.bfloat16) else grad
         if main:  # the slabs' partial sums add up in at least float32
             grad = grad + torch.bmm(xh[:main].unflatten(0, (slabs, SLAB)).mT, dh[:main].unflatten(0, (slabs, SLAB))).sum(0, dtype=grad.dtype)
         grads.append(grad)
