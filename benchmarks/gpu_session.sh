@@ -144,6 +144,14 @@ stage_fusedgrad() {  # the generator's fused input gradient: tiles against torch
   stage_gradlow
 }
 
+stage_foldgrad() {  # dz and the norm's coefficient folded into the fused input gradient: tiles, GPU tests, then gradlow and the model checks
+  run 150 python benchmarks/tune_projection_grad.py --out $R/tune_projection_grad_h200.json
+  run 100 python -m pytest tests/triton/test_projection_grad.py -q -p no:cacheprovider
+  run 200 $FAST -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
+  stage_gradlow
+  stage_models
+}
+
 stage_gradlow() {  # the generator's backward products under autocast: profile, GLA layer, model speed, model checks
   run 150 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
   run 120 python benchmarks/bench_layer.py --hosts gla --out $R/layer_gla_h200.json

@@ -80,9 +80,10 @@ def record_launches() -> list:
         None, torch.zeros(4, 64), torch.zeros(8, 4, **bf16), True,
     )
     decode._inputs_op(torch.zeros(8, 1024, **bf16), torch.zeros(4, 256, 68), torch.zeros(4), 64, 1e-6)  # GLA-370M, standard gate
+    # the generator projection's input gradient at GLA-370M
     projection_grad.input_grad_kernel = Recorder(projection_grad.input_grad_kernel, "input_grad_kernel", calls)
-    projection_grad._input_grad_op(torch.zeros(64, 4, 68, **bf16), torch.zeros(4, 256, 68, **bf16), torch.zeros(64, 4, 256),
-                                   torch.zeros(64, 4), True)  # the generator's input gradient at GLA-370M
+    projection_grad._input_grad_op(torch.zeros(64, 4, 68), torch.zeros(64, 4, 68), torch.zeros(64, 4), torch.zeros(4, 256, 68, **bf16),
+                                   torch.zeros(64, 4, 256), True)
     return calls
 
 

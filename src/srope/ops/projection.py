@@ -23,7 +23,7 @@ import torch
 SLAB = 2048  # tokens per partial weight gradient
 # On CUDA, the low-precision backward's input gradient runs as one Triton kernel
 # (srope.ops.triton.projection); False takes the torch route (the tests compare the two).
-FUSED_INPUT_GRAD = True
+FUSED = True
 
 
 def _weight_grad(x: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
@@ -48,39 +48,39 @@ class _NormalizedHeadProjection(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype) -> torch.Tensor:
         inv_norm = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() + eps)  # [N, H]
-        z = torch.bmm(x.transpose(0, 1), weight).transpose(0, 1)  # [N, H, M]
-        ctx.save_for_backward(x, weight, inv_norm, z)
+        y = torch.bmm(x.transpose(0, 1), weight).transpose(0, 1) * inv_norm[..., None]  # [N, H, M]
+        ctx.save_for_backward(x, weight, inv_norm, y)
         ctx.grad_dtype = grad_dtype
-        return z * inv_norm[..., None]
+        return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the backward writes into views (bmm out=)
     def backward(ctx, dy: torch.Tensor):
-        x, weight, inv_norm, z = ctx.saved_tensors
-        dz = dy * inv_norm[..., None]
-        dx = dw = None
+        x, weight, inv_norm, y = ctx.saved_tensors
         low = ctx.grad_dtype != x.dtype
-        x_low = None
-        if low:  # products in grad_dtype, everything else in x's dtype
-            dz_low = dz.to(ctx.grad_dtype)
-        if ctx.needs_input_grad[0]:
-            # d/dx of r(x)·z(x), r = (|x|² + ε)^(-1/2): the map's gradient scaled by r, plus
-            # x · dr/d|x|² · 2 (dy·z) = -r³ (dy·z) x.
-            d_norm = -(dy * z).sum(-1) * inv_norm.pow(3)  # [N, H]
-            if low and FUSED_INPUT_GRAD and x.is_cuda and x.dtype == torch.float32:
-                from srope.ops.triton.projection import projection_input_grad
+        dx = dw = x_low = dz_low = None
+        if ctx.needs_input_grad[0] and low and FUSED and x.is_cuda and x.dtype == torch.float32:
+            from srope.ops.triton.projection import projection_input_grad
 
-                dx, x_low = projection_input_grad(dz_low, weight.to(ctx.grad_dtype), x, d_norm, ctx.needs_input_grad[1])
-            else:
-                # The product is written in place in [N, H, I] order (cuBLAS takes the
-                # strides), so that the add of the norm's term reads contiguous memory.
-                product = torch.empty(x.shape, dtype=dz_low.dtype if low else x.dtype, device=x.device)
-                torch.bmm((dz_low if low else dz).transpose(0, 1), weight.to(product.dtype).mT, out=product.transpose(0, 1))
-                dx = torch.addcmul(product, x, d_norm[..., None]) if low else product.addcmul_(x, d_norm[..., None])
-        if low and x_low is None and ctx.needs_input_grad[1]:
-            x_low = x.to(ctx.grad_dtype)
+            dx, x_low, dz_low = projection_input_grad(dy, y, inv_norm, weight.to(ctx.grad_dtype), x, ctx.needs_input_grad[1])
+        elif ctx.needs_input_grad[0]:
+            # d/dx of r(x)·z(x), r = (|x|² + ε)^(-1/2), z = x @ W: the map's gradient scaled
+            # by r, plus x · dr/d|x|² · 2 (dy·z) = -r³ (dy·z) x = -r² (dy·y) x.
+            dz = dy * inv_norm[..., None]
+            d_norm = -(dy * y).sum(-1) * inv_norm.square()  # [N, H]
+            # The product is written in place in [N, H, I] order (cuBLAS takes the
+            # strides), so that the add of the norm's term reads contiguous memory.
+            dz_low = dz.to(ctx.grad_dtype) if low else dz
+            product = torch.empty(x.shape, dtype=dz_low.dtype, device=x.device)
+            torch.bmm(dz_low.transpose(0, 1), weight.to(product.dtype).mT, out=product.transpose(0, 1))
+            dx = torch.addcmul(product, x, d_norm[..., None]) if low else product.addcmul_(x, d_norm[..., None])
         if ctx.needs_input_grad[1]:
-            dw = _weight_grad(x_low, dz_low).to(x.dtype) if low else _weight_grad(x, dz)
+            if dz_low is None:
+                dz = dy * inv_norm[..., None]
+                dz_low = dz.to(ctx.grad_dtype) if low else dz
+            if x_low is None:
+                x_low = x.to(ctx.grad_dtype)
+            dw = _weight_grad(x_low, dz_low).to(x.dtype)
         return dx, dw, None, None
 
 
