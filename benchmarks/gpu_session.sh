@@ -114,6 +114,12 @@ stage_final() {  # the CUDA demo preset, then the GPU tests of the final code
   run 200 $FAST -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
 }
 
+stage_cudademo() {  # `srope demo --device cuda` itself, for each seed in CUDA_SEEDS
+  for seed in ${CUDA_SEEDS:-0}; do
+    run ${DEMO_LIMIT:-240} $FAST -m srope demo --device cuda --seed $seed --out $R/demo_cuda_seed$seed
+  done
+}
+
 stage_opdecode() {  # the op-level one-token decode step (and our RoPE op beside it), without the full op benchmark
   run 200 python benchmarks/bench_op.py --only rope_srope --out $R/op_decode_h200.json
 }

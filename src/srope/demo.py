@@ -75,6 +75,10 @@ class DemoConfig:
     ``position_weight_decay``; their learning rate is ``position_lr_scale`` times the
     schedule's); gradients clipped to norm ``grad_clip`` (None: no
     clipping); the learning rate follows :meth:`lr_at` (warm-up, constant, linear cooldown).
+    ``phase_noise_walk`` (radians; None: off) replaces Selective RoPE's fixed
+    ``phase_noise`` by one per stage, ``phase_noise_walk / sqrt(length)``, so that the
+    noise's random walk over a whole training sequence has the same size at every length
+    (:meth:`phase_noise_at`).
 
     Evaluation: ``eval_size`` fresh sequences at the training length and as many at
     ``eval_len``, in batches of ``eval_batch_size``.
@@ -103,6 +107,7 @@ class DemoConfig:
     mixed_from_stage: int = 0
     position_weight_decay: bool = True
     position_lr_scale: float = 1.0
+    phase_noise_walk: float | None = None
     note: str = ""
 
     @property
@@ -146,6 +151,13 @@ class DemoConfig:
         progress = (step + 1 - decay_start) / self.cooldown_steps
         return self.lr * (1 - (1 - self.min_lr_ratio) * progress)
 
+    def phase_noise_at(self, step: int) -> float | None:
+        """Selective RoPE's phase noise (radians per token) at optimiser step ``step``, or
+        None where the encoding's own ``phase_noise`` applies."""
+        if self.phase_noise_walk is None:
+            return None
+        return self.phase_noise_walk / math.sqrt(self.length_at(step))
+
     def check(self) -> None:
         """Range checks (raises ValueError naming the field and the allowed range)."""
         if not self.curriculum:
@@ -170,6 +182,8 @@ class DemoConfig:
             )
         if not (self.position_lr_scale > 0 and math.isfinite(self.position_lr_scale)):
             raise ValueError(f"position_lr_scale must be a positive number, got {self.position_lr_scale}")
+        if self.phase_noise_walk is not None and not (self.phase_noise_walk >= 0 and math.isfinite(self.phase_noise_walk)):
+            raise ValueError(f"phase_noise_walk must be None or a finite number >= 0 (radians), got {self.phase_noise_walk}")
         if not isinstance(self.position_weight_decay, bool):
             raise TypeError(f"position_weight_decay must be True or False, got {self.position_weight_decay!r}")
         if not 0 <= self.mixed_density <= 1:
@@ -348,6 +362,8 @@ CPU = DemoConfig(
 # 1.000 / 1.000 on seeds 0, 1 and 2 (drift -0.43, -0.26, +0.21 rad; 105-132 s), NoPE and RoPE
 # <= 0.071 @128 and 0.000 @512 (cuda-seed{0,1,2}-gain8-noise, 4000 sequences per length;
 # run as `benchmarks/screen_demo.py --full` with these overrides of the previous preset).
+# `srope demo --device cuda` with this preset, seeds 0 and 3 (results/demo/cuda-cli-seed{0,3}):
+# 1.000 / 1.000 both (drift +0.37, +0.26 rad; 124 s and 87 s).
 CUDA = DemoConfig(
     name="cuda",
     model={"hidden_size": 384, "num_hidden_layers": 1, "num_heads": 12, "expand_k": 1.0, "expand_v": 1.0, "use_short_conv": True,
@@ -493,6 +509,9 @@ def train_model(kind: str, config: DemoConfig, seed: int, device: str,
     optimizer = make_optimizer(model, config)
     vocab = state_tracking.vocab_size(get_group(GROUP))
     bf16 = config.bf16_autocast and dev.type == "cuda"
+    from srope.modules.selective_rope import SelectiveRoPE
+
+    encodings = [m for m in model.modules() if isinstance(m, SelectiveRoPE)]
     losses = []
     model.train()
     for step, inputs, targets in train_batches(config, seed):
@@ -500,6 +519,9 @@ def train_model(kind: str, config: DemoConfig, seed: int, device: str,
         y = torch.as_tensor(targets.astype(np.int64), device=dev)
         for group in optimizer.param_groups:
             group["lr"] = config.lr_at(step) * group["lr_scale"]
+        noise = config.phase_noise_at(step)
+        for encoding in encodings if noise is not None else ():
+            encoding.phase_noise = noise
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(x).logits
         loss = F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), y.reshape(-1), label_smoothing=config.label_smoothing)
