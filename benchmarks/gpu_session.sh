@@ -120,6 +120,12 @@ stage_cudademo() {  # `srope demo --device cuda` itself, for each seed in CUDA_S
   done
 }
 
+stage_cpuscreen() {  # a demo recipe screen on the host's CPUs (2 threads per run): SCREEN_VARIANTS, SCREEN_SEEDS, SCREEN_LIMIT
+  log "screen $SCREEN_VARIANTS seeds $SCREEN_SEEDS on $(nproc) CPUs"
+  OMP_NUM_THREADS=2 CUDA_VISIBLE_DEVICES= timeout ${SCREEN_LIMIT:-500} python benchmarks/screen_demo.py --variants $SCREEN_VARIANTS \
+    --seeds $SCREEN_SEEDS --threads 2 --eval-size 1000 --out $R/screen.json 2>&1 | tail -n 120
+}
+
 stage_opdecode() {  # the op-level one-token decode step (and our RoPE op beside it), without the full op benchmark
   run 200 python benchmarks/bench_op.py --only rope_srope --out $R/op_decode_h200.json
 }

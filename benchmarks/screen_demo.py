@@ -101,8 +101,9 @@ def main() -> None:
         parser.error("give --variants (a screen) or --full (one whole demo)")
     with open(args.variants) as f:
         variants = json.load(f)
+    # seed-major, so that a screen cut short has compared its variants on the same seeds
     jobs = [(name, overrides, seed, args.eval_size, args.threads, kind)
-            for name, overrides in variants.items() for seed in parse_seeds(args.seeds) for kind in args.kinds.split(",")]
+            for seed in parse_seeds(args.seeds) for name, overrides in variants.items() for kind in args.kinds.split(",")]
     for name, overrides in variants.items():
         variant_config(overrides, args.eval_size)  # fail before starting anything
     procs = max(1, (os.cpu_count() or 1) // args.threads)
