@@ -126,6 +126,10 @@ stage_cpuscreen() {  # a demo recipe screen on the host's CPUs (2 threads per ru
     --seeds $SCREEN_SEEDS --threads 2 --eval-size 1000 --out $R/screen.json 2>&1 | tail -n 120
 }
 
+stage_opsrope() {  # the Selective RoPE op alone (our fixed RoPE beside it), at the four benchmark shapes
+  run ${OP_LIMIT:-240} python benchmarks/bench_op.py --only srope_triton,rope_srope --skip-decode --out $R/op_srope_h200.json
+}
+
 stage_opdecode() {  # the op-level one-token decode step (and our RoPE op beside it), without the full op benchmark
   run 200 python benchmarks/bench_op.py --only rope_srope --out $R/op_decode_h200.json
 }

@@ -98,6 +98,24 @@ def test_gradients_only_for_inputs_that_need_them(device):
     assert phi.grad is None and temperature.grad is None and offset.grad is None
 
 
+@pytest.mark.parametrize("used", ["q", "k"])
+def test_gradients_when_one_rotated_output_is_unused(used, device):
+    """The loss reads only q_rot (or only k_rot): the other output's gradient reaches the
+    backward as None (no zero-filled gradients are materialised) and counts as zero."""
+    inputs, _ = make_inputs(SHAPES[3], 5, torch.float32, device)
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    ref_leaves = [x.detach().double().requires_grad_() for x in inputs]
+    out = selective_rope_triton(*leaves, block_t=8)
+    ref = reference.selective_rope(*ref_leaves)
+    index = 0 if used == "q" else 1
+    weight = randn(*ref[index].shape, seed_gen=generator(6)).to(device)
+    (out[index] * weight).sum().backward()
+    (ref[index] * weight).sum().backward()
+    for name, leaf, ref_leaf in zip(NAMES, leaves, ref_leaves):
+        expected = ref_leaf.grad if ref_leaf.grad is not None else torch.zeros_like(ref_leaf)
+        assert leaf.grad is not None and rel_err(leaf.grad, expected) < 1e-4, name
+
+
 @pytest.mark.parametrize(
     "shape", [(1, 6, 2, 1, 6, 2, None, 4), (1, 7, 2, 1, 4, 2, [0, 3, 3, 7], 2)], ids=["gqa-partial", "packed"]
 )

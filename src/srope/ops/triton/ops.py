@@ -336,6 +336,9 @@ def _selective_setup(ctx, inputs, output) -> None:
     ctx.block_t = block_t
     ctx.offset_dtype = None if offset is None else offset.dtype
     ctx.mark_non_differentiable(output[2], output[3])
+    # No zero-filled gradients for the two float64 phase outputs (a fill kernel in every
+    # backward); an unused q/k output's gradient arrives as None and is made below.
+    ctx.set_materialize_grads(False)
 
 
 def _selective_backward(ctx, dq_out, dk_out, _dfinal, _dbase):
