@@ -63,21 +63,18 @@ class _NormalizedHeadProjection(torch.autograd.Function):
             from srope.ops.triton.projection import projection_input_grad
 
             dx, x_low, dz_low = projection_input_grad(dy, y, inv_norm, weight.to(ctx.grad_dtype), x, ctx.needs_input_grad[1])
-        elif ctx.needs_input_grad[0]:
-            # d/dx of r(x)·z(x), r = (|x|² + ε)^(-1/2), z = x @ W: the map's gradient scaled
-            # by r, plus x · dr/d|x|² · 2 (dy·z) = -r³ (dy·z) x = -r² (dy·y) x.
-            dz = dy * inv_norm[..., None]
-            d_norm = -(dy * y).sum(-1) * inv_norm.square()  # [N, H]
-            # The product is written in place in [N, H, I] order (cuBLAS takes the
-            # strides), so that the add of the norm's term reads contiguous memory.
-            dz_low = dz.to(ctx.grad_dtype) if low else dz
-            product = torch.empty(x.shape, dtype=dz_low.dtype, device=x.device)
-            torch.bmm(dz_low.transpose(0, 1), weight.to(product.dtype).mT, out=product.transpose(0, 1))
-            dx = torch.addcmul(product, x, d_norm[..., None]) if low else product.addcmul_(x, d_norm[..., None])
+        else:
+            dz_low = (dy * inv_norm[..., None]).to(ctx.grad_dtype)  # products in grad_dtype, the rest in x's
+            if ctx.needs_input_grad[0]:
+                # d/dx of r(x)·z(x), r = (|x|² + ε)^(-1/2), z = x @ W: the map's gradient scaled
+                # by r, plus x · dr/d|x|² · 2 (dy·z) = -r³ (dy·z) x = -r² (dy·y) x.
+                d_norm = -(dy * y).sum(-1) * inv_norm.square()  # [N, H]
+                # The product is written in place in [N, H, I] order (cuBLAS takes the
+                # strides), so that the add of the norm's term reads contiguous memory.
+                product = torch.empty(x.shape, dtype=dz_low.dtype, device=x.device)
+                torch.bmm(dz_low.transpose(0, 1), weight.to(product.dtype).mT, out=product.transpose(0, 1))
+                dx = torch.addcmul(product, x, d_norm[..., None]) if low else product.addcmul_(x, d_norm[..., None])
         if ctx.needs_input_grad[1]:
-            if dz_low is None:
-                dz = dy * inv_norm[..., None]
-                dz_low = dz.to(ctx.grad_dtype) if low else dz
             if x_low is None:
                 x_low = x.to(ctx.grad_dtype)
             dw = _weight_grad(x_low, dz_low).to(x.dtype)
