@@ -42,8 +42,9 @@ def variant_config(overrides: dict, eval_size: int | None = None, preset: str = 
             fields[name] = {**getattr(base, name), **fields[name]}
     if "curriculum" in fields:
         fields["curriculum"] = tuple(tuple(stage) for stage in fields["curriculum"])
-    if "betas" in fields:
-        fields["betas"] = tuple(fields["betas"])
+    for name in ("betas", "phase_noise_by_stage"):
+        if fields.get(name) is not None:
+            fields[name] = tuple(fields[name])
     if eval_size is not None:
         fields["eval_size"] = eval_size
     config = dataclasses.replace(base, **fields)

@@ -205,24 +205,25 @@ def test_position_lr_scale_scales_only_the_encodings_steps():
         dataclasses.replace(TINY, position_lr_scale=0.0).check()
 
 
-def test_phase_noise_walk_sets_the_noise_per_stage(monkeypatch):
-    """phase_noise_walk w gives Selective RoPE w / sqrt(length) at each step's length
-    (what the encoding holds when its forward runs); None leaves the encoding's own."""
+def test_phase_noise_by_stage_sets_the_noise_per_stage(monkeypatch):
+    """phase_noise_by_stage gives Selective RoPE its stage's noise at every step (what the
+    encoding holds when its forward runs); None leaves the encoding's own."""
     from srope.modules.selective_rope import SelectiveRoPE
 
     seen = []
     original = SelectiveRoPE.phase_increments
     monkeypatch.setattr(SelectiveRoPE, "phase_increments", lambda self, *a, **k: (seen.append(self.phase_noise), original(self, *a, **k))[1])
-    config = dataclasses.replace(TINY, phase_noise_walk=0.6)
+    noise = tuple(0.05 * (stage + 1) for stage in range(len(TINY.curriculum)))
+    config = dataclasses.replace(TINY, phase_noise_by_stage=noise)
     demo.train_model("selective_rope", config, seed=0, device="cpu")
-    assert seen == pytest.approx([0.6 / math.sqrt(config.length_at(step)) for step in range(config.steps)])
-    assert config.phase_noise_at(0) == pytest.approx(0.6 / math.sqrt(6)) and TINY.phase_noise_at(0) is None
+    assert seen == [noise[config.stage_at(step)] for step in range(config.steps)] and len(set(seen)) == len(noise) > 1
+    assert TINY.phase_noise_at(0) is None
     seen.clear()
     demo.train_model("selective_rope", TINY, seed=0, device="cpu")
     assert seen == [TINY.selective_rope["phase_noise"]] * TINY.steps
-    for bad in (-0.1, math.inf, math.nan):
-        with pytest.raises(ValueError, match="phase_noise_walk must be None or a finite number"):
-            dataclasses.replace(TINY, phase_noise_walk=bad).check()
+    for bad in ((-0.1,) * len(noise), (math.inf,) * len(noise), (math.nan,) * len(noise), noise[:-1], (True,) * len(noise)):
+        with pytest.raises(ValueError, match="phase_noise_by_stage must be None or"):
+            dataclasses.replace(TINY, phase_noise_by_stage=bad).check()
 
 
 def test_trained_model_accuracy_by_hand():

@@ -75,10 +75,8 @@ class DemoConfig:
     ``position_weight_decay``; their learning rate is ``position_lr_scale`` times the
     schedule's); gradients clipped to norm ``grad_clip`` (None: no
     clipping); the learning rate follows :meth:`lr_at` (warm-up, constant, linear cooldown).
-    ``phase_noise_walk`` (radians; None: off) replaces Selective RoPE's fixed
-    ``phase_noise`` by one per stage, ``phase_noise_walk / sqrt(length)``, so that the
-    noise's random walk over a whole training sequence has the same size at every length
-    (:meth:`phase_noise_at`).
+    ``phase_noise_by_stage`` (radians, one per curriculum stage; None: off) replaces
+    Selective RoPE's fixed ``phase_noise`` by one per stage (:meth:`phase_noise_at`).
 
     Evaluation: ``eval_size`` fresh sequences at the training length and as many at
     ``eval_len``, in batches of ``eval_batch_size``.
@@ -107,7 +105,7 @@ class DemoConfig:
     mixed_from_stage: int = 0
     position_weight_decay: bool = True
     position_lr_scale: float = 1.0
-    phase_noise_walk: float | None = None
+    phase_noise_by_stage: tuple[float, ...] | None = None
     note: str = ""
 
     @property
@@ -154,9 +152,9 @@ class DemoConfig:
     def phase_noise_at(self, step: int) -> float | None:
         """Selective RoPE's phase noise (radians per token) at optimiser step ``step``, or
         None where the encoding's own ``phase_noise`` applies."""
-        if self.phase_noise_walk is None:
+        if self.phase_noise_by_stage is None:
             return None
-        return self.phase_noise_walk / math.sqrt(self.length_at(step))
+        return self.phase_noise_by_stage[self.stage_at(step)]
 
     def check(self) -> None:
         """Range checks (raises ValueError naming the field and the allowed range)."""
@@ -182,8 +180,11 @@ class DemoConfig:
             )
         if not (self.position_lr_scale > 0 and math.isfinite(self.position_lr_scale)):
             raise ValueError(f"position_lr_scale must be a positive number, got {self.position_lr_scale}")
-        if self.phase_noise_walk is not None and not (self.phase_noise_walk >= 0 and math.isfinite(self.phase_noise_walk)):
-            raise ValueError(f"phase_noise_walk must be None or a finite number >= 0 (radians), got {self.phase_noise_walk}")
+        noise = self.phase_noise_by_stage
+        if noise is not None and (len(noise) != len(self.curriculum) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf for v in noise)):
+            raise ValueError(f"phase_noise_by_stage must be None or {len(self.curriculum)} finite numbers >= 0 (radians, one per "
+                             f"curriculum stage), got {noise!r}")
         if not isinstance(self.position_weight_decay, bool):
             raise TypeError(f"position_weight_decay must be True or False, got {self.position_weight_decay!r}")
         if not 0 <= self.mixed_density <= 1:
