@@ -120,10 +120,10 @@ stage_cudademo() {  # `srope demo --device cuda` itself, for each seed in CUDA_S
   done
 }
 
-stage_cpuscreen() {  # a demo recipe screen on the host's CPUs (2 threads per run): SCREEN_VARIANTS, SCREEN_SEEDS, SCREEN_LIMIT
+stage_cpuscreen() {  # a demo recipe screen on the host's CPUs: SCREEN_VARIANTS, SCREEN_SEEDS, SCREEN_LIMIT, SCREEN_THREADS per run (2)
   log "screen $SCREEN_VARIANTS seeds $SCREEN_SEEDS on $(nproc) CPUs"
-  OMP_NUM_THREADS=2 CUDA_VISIBLE_DEVICES= timeout ${SCREEN_LIMIT:-500} python benchmarks/screen_demo.py --variants $SCREEN_VARIANTS \
-    --seeds $SCREEN_SEEDS --threads 2 --eval-size 1000 --out $R/screen.json 2>&1 | tail -n 120
+  OMP_NUM_THREADS=${SCREEN_THREADS:-2} CUDA_VISIBLE_DEVICES= timeout ${SCREEN_LIMIT:-500} python benchmarks/screen_demo.py --variants $SCREEN_VARIANTS \
+    --seeds $SCREEN_SEEDS --threads ${SCREEN_THREADS:-2} --eval-size 1000 --out $R/screen.json 2>&1 | tail -n 120
 }
 
 stage_opsrope() {  # the Selective RoPE op alone (our fixed RoPE beside it), at the four benchmark shapes
