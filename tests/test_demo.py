@@ -323,3 +323,34 @@ def test_parity_angles_find_a_pair_set_to_the_exact_solution():
     assert abs(angles["step_per_one"]) == pytest.approx(math.pi, abs=1e-5)
     assert angles["drift_at_eval_len"] == pytest.approx(256 * (angles["error_per_one"] + angles["error_per_zero"]))
     assert demo.parity_angles(demo.build_model(demo.CPU, "nope", seed=3), 512) is None
+
+
+def test_ema_averages_the_last_stage_and_leaves_training_alone(monkeypatch):
+    """ema_decay d: training (the losses) is unchanged, and the returned weights are
+    e ← d·e + (1-d)·w over the last stage's steps, e starting from the weights at its start."""
+    snapshots = []
+    original = torch.optim.AdamW.step
+
+    def step(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        snapshots.append([p.detach().clone() for group in self.param_groups for p in group["params"]])
+        return result
+
+    plain, plain_losses = demo.train_model("selective_rope", TINY, seed=3, device="cpu")
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    decay = 0.6
+    averaged, losses = demo.train_model("selective_rope", dataclasses.replace(TINY, ema_decay=decay), seed=3, device="cpu")
+    np.testing.assert_array_equal(losses, plain_losses)
+    first = TINY.steps - TINY.curriculum[-1][1]  # the last stage's first step
+    expected = [w.clone() for w in snapshots[first - 1]]
+    for weights in snapshots[first:]:
+        expected = [decay * e + (1 - decay) * w for e, w in zip(expected, weights)]
+    order = {id(p): i for i, p in enumerate(p for group in demo.make_optimizer(averaged, TINY).param_groups for p in group["params"])}
+    got = sorted(averaged.parameters(), key=lambda p: order[id(p)])
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(averaged.parameters(), plain.parameters()))
+    for bad in (0.0, 1.0, -0.5, math.nan):
+        with pytest.raises(ValueError, match="ema_decay must be None or in"):
+            dataclasses.replace(TINY, ema_decay=bad).check()
