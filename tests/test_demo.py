@@ -351,6 +351,10 @@ def test_ema_averages_the_last_stage_and_leaves_training_alone(monkeypatch):
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(a, b) for a, b in zip(averaged.parameters(), plain.parameters()))
+    monkeypatch.setattr(torch.optim.AdamW, "step", original)
+    partly, _ = demo.train_model("selective_rope", dataclasses.replace(TINY, ema_decay=decay, ema_position_only=True), seed=3, device="cpu")
+    for (name, p), a, b in zip(partly.named_parameters(), averaged.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, a if ".position." in name else b, rtol=0, atol=0)
     for bad in (0.0, 1.0, -0.5, math.nan):
         with pytest.raises(ValueError, match="ema_decay must be None or in"):
             dataclasses.replace(TINY, ema_decay=bad).check()

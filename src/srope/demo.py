@@ -107,6 +107,7 @@ class DemoConfig:
     position_lr_scale: float = 1.0
     phase_noise_by_stage: tuple[float, ...] | None = None
     ema_decay: float | None = None
+    ema_position_only: bool = False
     note: str = ""
 
     @property
@@ -188,6 +189,8 @@ class DemoConfig:
                              f"curriculum stage), got {noise!r}")
         if self.ema_decay is not None and not 0 < self.ema_decay < 1:
             raise ValueError(f"ema_decay must be None or in (0, 1), got {self.ema_decay}")
+        if not isinstance(self.ema_position_only, bool):
+            raise TypeError(f"ema_position_only must be True or False, got {self.ema_position_only!r}")
         if not isinstance(self.position_weight_decay, bool):
             raise TypeError(f"position_weight_decay must be True or False, got {self.position_weight_decay!r}")
         if not 0 <= self.mixed_density <= 1:
@@ -517,12 +520,13 @@ def train_model(kind: str, config: DemoConfig, seed: int, device: str,
 
     encodings = [m for m in model.modules() if isinstance(m, SelectiveRoPE)]
     last_stage = len(config.curriculum) - 1
+    averaged = [p for name, p in model.named_parameters() if ".position." in name or not config.ema_position_only]
     ema: list[torch.Tensor] | None = None
     losses = []
     model.train()
     for step, inputs, targets in train_batches(config, seed):
         if config.ema_decay is not None and ema is None and config.stage_at(step) == last_stage:
-            ema = [p.detach().clone() for p in model.parameters()]  # the weights at the last stage's start
+            ema = [p.detach().clone() for p in averaged]  # the weights at the last stage's start
         x = torch.as_tensor(inputs.astype(np.int64), device=dev)
         y = torch.as_tensor(targets.astype(np.int64), device=dev)
         for group in optimizer.param_groups:
@@ -540,14 +544,14 @@ def train_model(kind: str, config: DemoConfig, seed: int, device: str,
         optimizer.step()
         if ema is not None:
             with torch.no_grad():
-                for average, p in zip(ema, model.parameters()):
+                for average, p in zip(ema, averaged):
                     average.lerp_(p, 1 - config.ema_decay)
         losses.append(loss.detach())
         if report is not None and ((step + 1) % 10 == 0 or step + 1 == config.steps):
             report(kind, step + 1, float(losses[-1]))
     if ema is not None:
         with torch.no_grad():
-            for average, p in zip(ema, model.parameters()):
+            for average, p in zip(ema, averaged):
                 p.copy_(average)
     return model, torch.stack(losses).float().cpu().numpy()
 
