@@ -209,132 +209,24 @@ class DemoConfig:
             raise ValueError(f"grad_clip must be positive or None, got {self.grad_clip}")
 
 
-# Why this recipe. Measured on this repository's 2-core CPU machine by training Selective RoPE
-# alone (500 evaluation sequences) unless a full `srope demo` is named; "@128" and "@512" are
-# seq_acc at the training length and at 4x.
-# - conv_size 1 (each angle increment comes from its own token only): with width 4 and the
-#   previous recipe, seed 0 stayed on the loss plateau (0.004 @128); with width 1 the same run
-#   learned within ~150 steps at length 16 (1.0 @128).
-# - gate_logit_normalizer 256: the GLA decay exp(logsigmoid(z) / 256) is ~0.997 per token at
-#   init instead of 0.958 (normaliser 16). Seed 0, 850 steps at lr 3e-3: with 16, right up to
-#   length 256 and 0.0 from 384 on; with 256, 1.0 @512.
-# - Temperature π for every pair, the bias exp(0) = 1 and the per-channel phase gate (0.5 at
-#   init) start both angle steps near π/2. Without the gate (temperature π/2) seed 0 did not
-#   learn (seed 1: 1.0 @512); without gate and bias (temperature π) seed 0 had 0.0 @512.
-# - Learning rate 1.5e-3: at 3e-3 the loss spiked after length switches and in 3 of 18 runs
-#   fell to chance (ln 2) for good; at 1.5e-3 none did, but some seeds learn late or not at all.
-# - Adam ε = 1e-4: seed 0 had 0.47 @512 with ε = 1e-8 and 0.95 with 1e-4 (full demo: 0.48 and
-#   0.95); small noisy gradients no longer move the learned angles by full Adam steps. It also
-#   slows escaping the plateau. Label smoothing 0.01: 0 gave 0.76 @128 (seed 0), 0.1 left
-#   seeds 1 and 2 on the plateau.
-# - Runs that are perfect @128 but not @512 have per-token angle errors of ~0.005-0.04 rad
-#   (π per "1", 0 per "0"), small enough that every position up to 128 is right, so training
-#   at 128 no longer reduces them; they add up over 512 tokens.
-# Full `srope demo` with this preset, seeds 0-4 (seq_acc @128 / @512 of Selective RoPE; NoPE
-# and RoPE 0.000 at both for every seed; wall seconds): 1.000/0.949 (154 s), 1.000/0.000 (141 s),
-# 0.000/0.000 (152 s, never left the plateau), 0.000/0.000 (141 s, idem), 1.000/0.359 (118 s).
-# The targets held for seed 0 only (before the reordering; see the 2026-11-30 entry below).
-# Alternatives screened (Selective RoPE alone, 300 evaluation sequences, @128/@512 per seed):
-# no gate, temperature π/2, bias on (both angles start at π/2): seeds 0-4 0.00/0.00, 1.00/1.00,
-# 1.00/0.10, 1.00/1.00, 0.00/0.00 (seeds 0 and 4 on the plateau); at lr 3e-3, with Adam ε 1e-8 or
-# with a first stage at length 8, seed 0 still stayed on the plateau. The same with 16 heads (one
-# pair per head): 1.00/0.53, 1.00/1.00, 0.03/0.00, 0.00/0.00, 1.00/0.88. This preset with 8 heads:
-# 1.00/0.00, 0.00/0.00, 1.00/1.00, 1.00/0.17 (seeds 0-3). None meets the targets on seed 0.
-# Later screens (benchmarks/screen_demo.py, 300 evaluation sequences, seeds 0-4, JSON in
-# results/demo/screen/; "meets" = 1.00 @128 and >= 0.9 @512). This machine: a first stage at
-# length 4: 1/5; the same with 16 heads: 1/5; lengths 2-4-8 first: 0/5; 16 heads alone: 1/5;
-# every training sequence at its own bit density p ~ U(0, 1) (mixed_density 1): 0/5, and 4 of
-# 5 never learn - but the runs that learn extrapolate (1.00/0.83, with 16 heads 1.00/1.00 twice);
-# half the sequences mixed: 1/5; mixed only in the last stage: 2/5 (1.00/0.97 on seed 0), the
-# other seeds on the plateau or 1.00/0.00; without the GLA's q/k/v short conv: 0/5 (4 never
-# learn). A 16-core H200 host (its CPUs, 2 threads per run): a batch of 256 at length 16 and 128
-# at 32 (per-stage batch) took every seed off the plateau there (5/5 right at 128, 1/5 meets),
-# with the last stage mixed 2/5, a finer length curriculum 0/5; on this machine the same
-# per-stage batch with a mixed last stage still left 1-2 of 5 seeds on the plateau (label
-# smoothing 0: 1/5; 400 steps at 128: 0/4). Two failure modes remain: the plateau (too little
-# gradient signal for the angles before any is learned) and loss spikes at length switches
-# that throw away a learned solution; no recipe screened meets the targets on 4 of 5 seeds.
-# Then (this machine): with the per-stage batch and a mixed last stage, 16 heads 0/5, lr 1e-3
-# 0/5, AdamW weight decay 0.1 0/5 - but with weight decay every run whose first stage had
-# uniform bits learned at 128 (13/13; mixed from stage 0: 0/5), and the decay kept every
-# angle off its target (pulled towards 0): none of the 13 reached 0.9 @512 (mixed densities
-# from stage 1, 2 or 3). Weight decay 0.1 on every weight except the position encoding's
-# (position_weight_decay=False) and no mixing: 1.00 @128 on all 5 seeds,
-# @512 0.01 / 1.00 / 0.72 / 0.97 / 1.00 (3/5 meet); the same with a 350-step last stage
-# 0.00 / 0.00 / 1.00 / 0.92 / 1.00, with weight decay 0.3 0.00 / 0.00 / 0.99 / 1.00 / 1.00,
-# with a mixed last stage 1/5, mixed from stage 2 3/5, label smoothing 0 0/5 (all learn).
-# A longer linear cooldown over the length switches (450 or 600 of 600 steps): 2/5 and 1/5
-# (seed 0 0.00; with lr 2e-3 seeds 0 and 1 0.00, the rest not run). The most promising lead,
-# not the preset: seed 0 stays at <= 0.01 @512 in every variant.
-# 2026-11-30, after the generator's reordering (srope.ops.projection: the same formula with
-# other float32 roundings), full demos with this preset, seeds 0-4: 1.000/0.381 (126 s),
-# 1.000/0.000 (98 s), 0/0 (98 s), 0/0 (101 s), 1.000/1.000 (92 s) - 1 of 5 meets, seed 4, where
-# before it was seed 0. The weight-decay lead: 0.07, 0.00, 1.00, 0.95, 1.00 @512 (1.00 @128 on all).
-# Why (parity_angles, now in every demo result): one rotation pair of the 16 carries parity.
-# In the lead's seed 0 its steps are π - 0.018 per "1" and +0.033 per "0", a drift of +3.9 rad
-# over 512 uniform bits; setting only that pair's conv tap and bias so that the steps are exactly
-# π and 0 gives 1.00 at every length up to 512. In screens 17-18 (25 runs right at 128), every
-# run whose drift at 512 is within ±0.56 rad scores >= 0.97 there (8 of 8), 1.2-1.4 rad gives
-# 0.53-0.88, and 1.95 rad or more 0.00-0.71 (mostly 0). The "0"
-# step stays positive because the sigmoid gate never reaches 0 and the gradient to close the
-# gap shrinks with the gate; at length 128 the readout tolerates these drifts, so the loss
-# (at its label-smoothing floor) no longer pushes. Screened on the lead (5 seeds, "meets" count):
-# Adam ε 1e-6 1/5, 1e-8 1/5, label smoothing 0.001 0/2 (these three before the reordering);
-# label smoothing 0.05 1/5, 0.1 0/3; the GLA decay
-# normaliser 1024 1/5 (two never learn), 4096 3/5; batch 128 at length 128 3/5; a quarter of the
-# sequences at mixed densities from stage 2: 2/5, and with a 350-step last stage 1/5; half mixed
-# in the last stage 1/5; label smoothing 0 with weight decay 0.3 1/5; no gate (temperature π/2 or
-# π) 0/5 and 0/3 (they do not learn); a learnable temperature 1/5, with a quarter mixed from
-# stage 2 3/5; temperature 2π or 1.5π (so that a "0" step of 2π could be reached without closing
-# the gate) 0/5 and 1/5, most runs never learn. Seeds 0 and 1 fail in every one of them (drift
-# 2.3-7.1 rad where they learn). The preset stayed (until the next entry).
-# 2026-11-30, later: phase noise. SelectiveRoPE(phase_noise=σ) adds N(0, σ²) rad to every
-# angle step in training only, so that the readout must tolerate a random walk of σ·√t on top
-# of the drift and the loss keeps a gradient on the drift itself. Screens 20-24 (1 thread per
-# run, 300 sequences, on the weight-decay lead): σ 0.05 2/5, 0.08 4/5, 0.1 4/5, 0.12 2/5, 0.15
-# 0/4; σ 0.1 with a 350-step last stage 4/5 (seed 0 0.35); seed 0 at σ 0.1: Adam ε 1e-6 0.96,
-# ε 1e-8 0.19, label smoothing 0.001 0.79, decay on the angle parameters 0.66; σ 0.1, ε 1e-6 on
-# seeds 1-4: 4/4. Full demos with σ 0.1, ε 1e-6: 0.694 / 0.995 / 0.099 / 0.998 / 1.000 @512
-# (3/5, not seed 0). Single-thread screens do not predict the demo's 2-thread runs (other
-# float32 reduction orders decide which seed extrapolates); a 2-thread screen of seed 2
-# reproduces the demo's 0.099 and drift (+1.93 rad) exactly (screen 25), so screens 26-27 use
-# 2 threads and 1000 sequences like the demo: the last stage 250 -> 350 steps gave 0.964 /
-# 1.000 / 1.000 / 1.000 / 1.000 @512. That was the preset until the next entry.
-# Held out (screen 28, seeds 5-9, trained as the demo trains): 1.00/0.05, 0/0, 1.00/1.00, 0/0,
-# 1.00/0.43 - 1 of 5 meets, 3 of 5 learn at 128; the previous preset (screen 29) learned on
-# none of them. Seeds 10-14 (screen 30): 0/0, 0/0, 0/0, 0/0, 1.00/0.98. So on 10 fresh seeds 2
-# meet and 4 learn: the 5/5 on seeds 0-4 is mostly selection, and not learning at all (the
-# loss falls at length 16, then climbs back at longer lengths) is the larger failure mode.
-# Not caused by the noise: without it the preset learned on none of seeds 10-13 either (screen 31).
-# 2026-11-30, night: why runs never learn, and the projection gain. Traced runs (seeds 10 and
-# 14): by step 150 both solve the first 4-8 positions through the GLA's short conv, and the
-# rotation pair closest to parity is still far off (steps ~0.7 and ~0.3 rad per "1" and
-# "0"). The readout of one pair correlates with parity at position t only as |cos(δ/2)|^t,
-# δ = (step per "1" - step per "0") - π; at init both steps are ~π/2 ± 0.3 (the weight-normed
-# ω gives cosines ~N(0, 1/16), scaled by the gain 1 and the conv tap), so δ ≈ -π and no
-# pair has a gradient beyond the first few positions, which the conv already solves. A
-# larger initial gain of the weight-normed ω (SelectiveRoPE(projection_gain=g)) spreads the
-# two steps apart at init, so that some of the 16 pairs start with δ nearer 0. Screens 32-33
-# (1 thread per run, 500 sequences, chosen on seeds 5-14, which the earlier entries had not
-# been tuned on): "meets" 5/10 with g = 4, 8/10 with g = 8, 6/10 with g = 12, 4/10 with g = 16
-# (the preset without it: 2/10). g = 8 is this preset, judged on seeds not used to choose it
-# (2 threads, 1000 sequences, as the demo runs): full demos on seeds 0-4 gave @128/@512
-# 1.000/0.711, 0.998/0.052, 1.000/0.008, 1.000/1.000, 0/0 (1 of 5 meets; 4 of 5 learn; the
-# failures that learn drift 1.2-2.6 rad); screen 34, seeds 15-24: 1.00/1.00, 1.00/0.14,
-# 1.00/0.99, 0/0, 1.00/0.00, 1.00/0.93, 1.00/1.00, 1.00/0.99, 1.00/0.85, 1.00/0.00 (5 of 10
-# meet, 9 of 10 learn). On 15 fresh seeds: 6 meet, 13 learn (the previous preset on its
-# 10 fresh seeds: 2 meet, 4 learn). The remaining failure is the drift. A lower learning
-# rate for the encoding (position_lr_scale, screen 35 on seeds 5-14, 2 threads): 0.25 5/10,
-# 0.5 5/10 (two and three never learn) - not better, so not in the preset.
-# Then a longer last stage (450 steps at 128 instead of 350, the cooldown over all of it;
-# screen 37, seeds 5-14, 2 threads, 1000 sequences): 8/10, and every run that learned
-# extrapolated (drift within ±1.02 rad; the two failures never learned). Judged on seeds
-# 0-4 (full demos, results/demo/screen/full-demos-last450.json, 154-171 s) and 15-24
-# (screen 38): 0/0, 0.399/0, 1.00/0.18, 1.00/1.00, 0/0 and 7 of 10 meet - 8 of 15 fresh
-# seeds against this preset's 6 of 15, a difference within the noise of 15 seeds. Not taken:
-# with the default seed it does not learn parity at all (0.000 at 128), where this preset
-# shows it learned (1.000 at 128, 0.711 at 512). The screens' 8/10 on their own seeds
-# against ~45% on fresh ones (both recipes) says how much of any screen result is selection.
+# Why this recipe (the measurements and every variant screened are in
+# results/demo/screen/HISTORY.md; README "Demo" has the summary):
+# - conv width 1, GLA decay normaliser 256, temperature π with the bias and a per-channel
+#   gate (both angle steps start near π/2): each made seeds learn that did not without it.
+# - projection_gain 8: at gain 1 every rotation pair starts with its "1" and "0" steps
+#   close together, so no pair correlates with parity beyond the first few positions and
+#   most seeds never learn; gain 8 spreads the initial steps (fresh seeds learning at 128:
+#   4 in 10 before, about 9 in 10 after).
+# - phase_noise 0.1: a run that is right at 128 can still have per-token step errors of a
+#   few thousandths of a radian, which add up over 512 tokens (the "drift" in
+#   parity_angles). The noise keeps the loss sensitive to them; σ·√128 ≈ 1.1 rad is about
+#   where the expected loss is most curved in the drift.
+# - weight decay 0.1 except on the encoding, Adam ε 1e-6, label smoothing 0.01, lr 1.5e-3,
+#   larger batches at the short lengths and 350 steps at 128 with the cooldown over them.
+# How well it works: on fresh seeds (not used to choose it) it meets the targets on about
+# half: 18 of 35 on this machine, 17 of 32 on the GPU host's CPUs. Nothing screened since
+# (longer last stage, more pairs, lower or higher encoding learning rate, noise schedules,
+# a finer length curriculum, an EMA of the weights) is clearly better; see HISTORY.md.
 _SELECTIVE_ROPE = {
     "projection": "full-rank", "conv_size": 1, "conv_activation": None, "bias": True, "gate": "per-channel",
     "spectrum": "uniform", "max_temperature": math.pi,
