@@ -282,6 +282,13 @@ def test_schedule_and_curriculum():
     assert config.lr_at(9) == pytest.approx(1e-3)  # the last step ends the cooldown at min_lr_ratio
     flat = dataclasses.replace(config, warmup_steps=0, cooldown_steps=0)
     assert [flat.lr_at(s) for s in range(10)] == [1e-2] * 10
+    # a fresh 3-step warm-up at each later stage (steps 3 and 5 start stages), on top of the schedule
+    rewarm = dataclasses.replace(config, switch_warmup_steps=3)
+    factors = [1, 1, 1, 1 / 3, 2 / 3, 1 / 3, 2 / 3, 1, 1, 1]
+    np.testing.assert_allclose([rewarm.lr_at(s) for s in range(10)], [f * e for f, e in zip(factors, expected)])
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="switch_warmup_steps must be an integer >= 0"):
+            dataclasses.replace(config, switch_warmup_steps=bad).check()
 
 
 def test_targets_and_table():

@@ -108,6 +108,7 @@ class DemoConfig:
     phase_noise_by_stage: tuple[float, ...] | None = None
     ema_decay: float | None = None
     ema_position_only: bool = False
+    switch_warmup_steps: int = 0
     note: str = ""
 
     @property
@@ -142,14 +143,20 @@ class DemoConfig:
     def lr_at(self, step: int) -> float:
         """Warm-up, stable, decay: linear from ``lr / warmup_steps`` to ``lr`` over the first
         ``warmup_steps``, constant, then linear down to ``min_lr_ratio · lr`` over the last
-        ``cooldown_steps`` (reached at the last step)."""
+        ``cooldown_steps`` (reached at the last step). With ``switch_warmup_steps`` n, the
+        first n steps of every later curriculum stage are scaled by (k + 1) / n, k = steps
+        into the stage (a fresh warm-up after each length switch)."""
+        scale = 1.0
+        if self.switch_warmup_steps and self.stage_at(step) > 0:
+            into = step - sum(entry[1] for entry in self.curriculum[: self.stage_at(step)])
+            scale = min(1.0, (into + 1) / self.switch_warmup_steps)
         if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
+            return scale * self.lr * (step + 1) / self.warmup_steps
         decay_start = self.steps - self.cooldown_steps
         if step < decay_start or self.cooldown_steps == 0:
-            return self.lr
+            return scale * self.lr
         progress = (step + 1 - decay_start) / self.cooldown_steps
-        return self.lr * (1 - (1 - self.min_lr_ratio) * progress)
+        return scale * self.lr * (1 - (1 - self.min_lr_ratio) * progress)
 
     def phase_noise_at(self, step: int) -> float | None:
         """Selective RoPE's phase noise (radians per token) at optimiser step ``step``, or
@@ -187,6 +194,8 @@ class DemoConfig:
                 isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf for v in noise)):
             raise ValueError(f"phase_noise_by_stage must be None or {len(self.curriculum)} finite numbers >= 0 (radians, one per "
                              f"curriculum stage), got {noise!r}")
+        if isinstance(self.switch_warmup_steps, bool) or not isinstance(self.switch_warmup_steps, int) or self.switch_warmup_steps < 0:
+            raise ValueError(f"switch_warmup_steps must be an integer >= 0, got {self.switch_warmup_steps!r}")
         if self.ema_decay is not None and not 0 < self.ema_decay < 1:
             raise ValueError(f"ema_decay must be None or in (0, 1), got {self.ema_decay}")
         if not isinstance(self.ema_position_only, bool):
