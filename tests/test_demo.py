@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -365,3 +366,41 @@ def test_ema_averages_the_last_stage_and_leaves_training_alone(monkeypatch):
     for bad in (0.0, 1.0, -0.5, math.nan):
         with pytest.raises(ValueError, match="ema_decay must be None or in"):
             dataclasses.replace(TINY, ema_decay=bad).check()
+
+
+def test_seeds_summary_matches_the_single_runs(tmp_path, capsys):
+    """run_demo_seeds: one run_demo per seed in OUT/seed<N> (each equal to a run on its own),
+    a summary whose counts are recomputed from those results, and the plot."""
+    summary = demo.run_demo_seeds(tmp_path, seeds=[2, 0], config=TINY, progress=False)
+    single = demo.run_demo(tmp_path / "alone", seed=2, config=TINY, progress=False)
+    assert summary["seeds"] == [2, 0] and set(summary["per_seed"]) == {"2", "0"}
+    for seed in (2, 0):
+        saved = json.loads((tmp_path / f"seed{seed}" / "results.json").read_text())
+        entry = summary["per_seed"][str(seed)]
+        assert entry["seq_acc"] == {kind: saved["results"][kind]["seq_acc"] for kind in demo.POSITIONS}
+        assert entry["meets_all"] == all(saved["targets"].values())
+    assert summary["per_seed"]["2"]["seq_acc"] == {kind: single["results"][kind]["seq_acc"] for kind in demo.POSITIONS}
+    assert summary["meets_all"] == sum(e["meets_all"] for e in summary["per_seed"].values())
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert (tmp_path / "seeds.png").stat().st_size > 0
+    assert "of 2 seeds meet every target" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="non-empty and distinct"):
+        demo.run_demo_seeds(tmp_path, seeds=[1, 1], config=TINY, progress=False)
+    with pytest.raises(TypeError, match="seeds must be a sequence of integers"):
+        demo.run_demo_seeds(tmp_path, seeds="0-4", config=TINY, progress=False)
+    with pytest.raises(ValueError, match="seed must be in"):
+        demo.run_demo_seeds(tmp_path, seeds=[0, -1], config=TINY, progress=False)
+
+
+def test_cli_seed_list():
+    from srope.cli import _seed_list, build_parser
+
+    assert _seed_list("0-4") == [0, 1, 2, 3, 4] and _seed_list("0,3,7-9") == [0, 3, 7, 8, 9] and _seed_list("5") == [5]
+    for bad in ("4-0", "a", "-1", "1,1", "0-2,2", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _seed_list(bad)
+    parser = build_parser()
+    assert parser.parse_args(["demo", "--seeds", "0-2"]).seeds == [0, 1, 2]
+    assert parser.parse_args(["demo"]).seeds is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo", "--seed", "1", "--seeds", "0-2"])

@@ -9,10 +9,30 @@ import sys
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from srope.demo import run_demo
+    from srope.demo import run_demo, run_demo_seeds
 
-    run_demo(out=args.out, device=args.device, seed=args.seed)
+    if args.seeds is not None:
+        run_demo_seeds(out=args.out, device=args.device, seeds=args.seeds)
+    else:
+        run_demo(out=args.out, device=args.device, seed=args.seed)
     return 0
+
+
+def _seed_list(text: str) -> list[int]:
+    """``"0-4"`` or ``"0,3,7-9"`` as a list of distinct seeds (argparse type)."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, dash, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi) if dash else int(lo)
+            if last < first:
+                raise ValueError
+            seeds.extend(range(first, last + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seeds like 0-4 or 0,3,7-9 (non-negative, ranges ascending), got {text!r}") from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"seeds must be distinct, got {text!r}")
+    return seeds
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -103,7 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="show Selective RoPE working, on the CPU by default")
     demo.add_argument("--out", default="out/demo", help="folder for results.json (default: out/demo)")
     demo.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run (default: cpu)")
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    seed = demo.add_mutually_exclusive_group()
+    seed.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    seed.add_argument("--seeds", type=_seed_list, default=None,
+                      help="run once per seed, e.g. 0-4, into OUT/seed<N>, plus OUT/summary.json and OUT/seeds.png")
     demo.set_defaults(func=_demo)
 
     models = commands.add_parser("models", help="the model presets with their parameter counts per position encoding")
