@@ -192,7 +192,7 @@ def test_position_lr_scale_scales_only_the_encodings_steps():
     """Adam's first step moves every parameter by lr (sign of its gradient); with
     position_lr_scale s the encoding's parameters move by s·lr and the rest by lr."""
     config = dataclasses.replace(TINY, position_lr_scale=0.25, weight_decay=0.0, grad_clip=None, warmup_steps=0,
-                                 cooldown_steps=0, curriculum=((8, 1),))
+                                 cooldown_steps=0, curriculum=((8, 1),), ema_decay=None)
     model = demo.build_model(config, "selective_rope", seed=0)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     trained, _ = demo.train_model("selective_rope", config, seed=0, device="cpu")
@@ -344,7 +344,7 @@ def test_ema_averages_the_last_stage_and_leaves_training_alone(monkeypatch):
         snapshots.append([p.detach().clone() for group in self.param_groups for p in group["params"]])
         return result
 
-    plain, plain_losses = demo.train_model("selective_rope", TINY, seed=3, device="cpu")
+    plain, plain_losses = demo.train_model("selective_rope", dataclasses.replace(TINY, ema_decay=None), seed=3, device="cpu")
     monkeypatch.setattr(torch.optim.AdamW, "step", step)
     decay = 0.6
     averaged, losses = demo.train_model("selective_rope", dataclasses.replace(TINY, ema_decay=decay), seed=3, device="cpu")
