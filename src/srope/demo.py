@@ -7,8 +7,9 @@ The paper's Fig. 7 claim (§5.4), small enough for a laptop CPU. The same one-la
 RoPE. The three runs share everything except the position encoding: the model size (up
 to the encoding's own parameters), the initial values of every shared weight, the training
 batches, the number of steps, the length curriculum and the learning-rate schedule. Each
-model is then scored on fresh sequences (checked not to occur in training) at the training
-length and at 4x it.
+model (in the CPU preset, the moving average of its weights over the last stage) is then
+scored on fresh sequences (checked not to occur in training) at the training length and at
+4x it.
 
 ``seq_acc`` is the fraction of sequences with every position right (the authors' sequence
 accuracy). The curve at length ``t`` is the fraction whose first ``t`` positions are right,
