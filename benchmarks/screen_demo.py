@@ -22,13 +22,7 @@ import multiprocessing
 import os
 import time
 
-
-def parse_seeds(text: str) -> list[int]:
-    seeds: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        seeds.extend(range(int(lo), int(hi or lo) + 1))
-    return seeds
+from srope.cli import _seed_list
 
 
 def variant_config(overrides: dict, eval_size: int | None = None, preset: str = "cpu"):
@@ -89,7 +83,7 @@ def main() -> None:
     parser.add_argument("--preset", default="cpu", help="with --full: the preset the overrides apply to")
     parser.add_argument("--device", default="cpu", help="with --full: where to run")
     parser.add_argument("--seed", type=int, default=0, help="with --full: the seed")
-    parser.add_argument("--seeds", default="0-4")
+    parser.add_argument("--seeds", type=_seed_list, default="0-4", help="e.g. 0-4 or 0,3,7-9")
     parser.add_argument("--eval-size", type=int, default=300)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kinds", default="selective_rope", help="comma-separated position encodings")
@@ -104,7 +98,7 @@ def main() -> None:
         variants = json.load(f)
     # seed-major, so that a screen cut short has compared its variants on the same seeds
     jobs = [(name, overrides, seed, args.eval_size, args.threads, kind)
-            for seed in parse_seeds(args.seeds) for name, overrides in variants.items() for kind in args.kinds.split(",")]
+            for seed in args.seeds for name, overrides in variants.items() for kind in args.kinds.split(",")]
     for name, overrides in variants.items():
         variant_config(overrides, args.eval_size)  # fail before starting anything
     procs = max(1, (os.cpu_count() or 1) // args.threads)
