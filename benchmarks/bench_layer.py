@@ -17,6 +17,7 @@ import torch
 
 from common import environment, graph_ms, median_ms, write_json
 from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLinearAttention
+from srope.modules import selective_rope as selective_rope_module
 from srope.ops import gla, selective_rope
 from srope.ops.layout import RowLayout
 
@@ -27,6 +28,9 @@ HOSTS = {
     "attention": (Attention, dict(num_heads=16)),
 }
 POSITIONS = {"nope": "nope", "rope": {"type": "rope", "theta": 500000.0}, "selective_rope": {"type": "selective_rope"}}
+# GLA + Selective RoPE once more with the gate around the generator's conv in torch instead
+# of the fused kernels (srope.ops.triton.head_gate): what the fusion saves, in the same run.
+TORCH_GATE = "selective_rope_torch_gate"
 
 
 def build(host: str, position, hidden: int, dry_run: bool, device):
@@ -101,14 +105,16 @@ def main() -> int:
     autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=not args.dry_run)
     report = {"environment": environment(), "shape": {"batch": batch, "length": length, "hidden": hidden}, "results": []}
     for host in args.hosts.split(","):
-        for name, position in POSITIONS.items():
+        runs = [*POSITIONS.items()] + ([(TORCH_GATE, POSITIONS["selective_rope"])] if host == "gla" else [])
+        for name, position in runs:
             torch.manual_seed(0)
             record = {"host": host, "position": name}
+            selective_rope_module.FUSED_GATE = "never" if name == TORCH_GATE else "cuda"
             try:
                 layer = build(host, position, hidden, args.dry_run, device)
                 x = torch.randn(batch, length, hidden, device=device, requires_grad=True)
                 record |= time_layer(layer, x, autocast, args.dry_run)
-                if host == "gla" and name == "selective_rope":
+                if host == "gla" and name.startswith("selective_rope"):
                     record |= gla_breakdown(layer, x, autocast, args.dry_run)
                 if device == "cuda":
                     record["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -120,7 +126,7 @@ def main() -> int:
             write_json(args.out, report)
     for host in {r["host"] for r in report["results"]}:
         for key, suffix in (("fwd_bwd_ms", ""), ("fwd_bwd_ms_graph", "_graph")):
-            times = {r["position"]: r.get(key) for r in report["results"] if r["host"] == host}
+            times = {r["position"]: r.get(key) for r in report["results"] if r["host"] == host and r["position"] in POSITIONS}
             if len(times) == 3 and all(times.values()):
                 report.setdefault("ratios", {}).setdefault(host, {}).update({
                     "srope_over_nope" + suffix: times["selective_rope"] / times["nope"],

@@ -126,6 +126,20 @@ stage_cpuscreen() {  # a demo recipe screen on the host's CPUs: SCREEN_VARIANTS,
     --seeds $SCREEN_SEEDS --threads ${SCREEN_THREADS:-2} --eval-size 1000 --out $R/screen.json 2>&1 | tail -n 120
 }
 
+stage_gatetest() {  # the fused head gate compiled: its tests and the projection gradient's, then every GPU test
+  run 150 python -m pytest tests/triton/test_head_gate.py tests/triton/test_projection_grad.py -q -p no:cacheprovider -rA \
+    --junitxml=$R/pytest_gpu_head_gate.xml
+  run 240 python -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
+}
+
+stage_gatelayer() {  # the GLA layer with each PE and Selective RoPE with the torch gate (same run)
+  run 150 python benchmarks/bench_layer.py --hosts gla --out $R/layer_gla_h200.json
+}
+
+stage_gatemodel() {  # gla-370m training and decoding speed with each PE
+  run ${MODEL_LIMIT:-200} python benchmarks/bench_model.py --preset gla-370m --out $R/model_h200.json
+}
+
 stage_opsrope() {  # the Selective RoPE op alone (our fixed RoPE beside it), at the four benchmark shapes
   run ${OP_LIMIT:-240} python benchmarks/bench_op.py --only srope_triton,rope_srope --skip-decode --out $R/op_srope_h200.json
 }

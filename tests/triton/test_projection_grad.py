@@ -41,7 +41,7 @@ def assert_rounded(low, exact, dtype):
 def test_input_grad_matches_float64(dtype, count, heads, chunk, width, device):
     """dx = dz_low @ Wᵀ - r²(dy·y)·x to float32 accuracy (products of 16-bit numbers are
     exact in float32), with dz_low = r·dy and x_low = x rounded to the weight's dtype;
-    without write_low the same dx. Odd sizes; outputs poisoned with NaN before."""
+    without write_low the same dx (to float32 rounding). Odd sizes; outputs poisoned with NaN before."""
     dy, y, inv_norm, weight, x = grad_inputs(count, heads, chunk, width, dtype, device)
     dx, x_low, dz_low = projection_input_grad(dy, y, inv_norm, weight, x)
     assert_rounded(dz_low, dy * inv_norm[..., None], dtype)
@@ -50,8 +50,10 @@ def test_input_grad_matches_float64(dtype, count, heads, chunk, width, device):
     expected = torch.einsum("nhm,him->nhi", dz_low.double(), weight.double()) \
         - (r.square() * (dy.double() * y.double()).sum(-1))[..., None] * x.double()
     assert dx.dtype == torch.float32 and rel_err(dx, expected) < 1e-6
+    # Another compiled kernel (WRITE_LOW is a constexpr): the same sums, but the compiler
+    # may contract them differently (bit-equal under the interpreter, not always on the H200).
     alone = projection_input_grad(dy, y, inv_norm, weight, x, write_low=False)
-    assert torch.equal(alone[0], dx) and alone[1:] == (None, None)
+    assert alone[1:] == (None, None) and rel_err(alone[0], expected) < 1e-6 and rel_err(alone[0], dx) < 1e-6
 
 
 def test_input_grad_reads_strided_tokens(device):

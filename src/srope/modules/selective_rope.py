@@ -26,6 +26,10 @@ from srope.ops.rotary import selective_rope
 
 PROJECTIONS = ("full-rank", "low-rank")
 GATES = (None, "standard", "low-rank", "per-channel")
+# Where the standard gate around the generator's conv runs as fused Triton kernels
+# (srope.ops.triton.head_gate) instead of torch's elementwise ops: "cuda" (float32 CUDA
+# tensors), "always" (also on the CPU under TRITON_INTERPRET=1; tests) or "never".
+FUSED_GATE = "cuda"
 
 
 class SelectiveRoPEState(NamedTuple):
@@ -225,6 +229,12 @@ class SelectiveRoPE(PositionEncoding):
         self._first_layer_cache = None if key is None else (key, result)
         return result
 
+    def _fuses_gate(self, t: torch.Tensor) -> bool:
+        """Whether the standard gate around the conv takes the fused Triton kernels
+        (:mod:`srope.ops.triton.head_gate`) for this float32 tensor (see :data:`FUSED_GATE`)."""
+        return (self.projection == "full-rank" and self.gate_type == "standard" and t.dtype == torch.float32
+                and (FUSED_GATE == "always" or FUSED_GATE == "cuda" and t.is_cuda))
+
     def generator_inputs(self, x: torch.Tensor, grad_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """From the block input ``x [B, T, hidden]``: the projected increments before the
         conv, ``u = W_ω x̂`` ``[B, T, Hk·R]``, and the phase gate ``sigmoid(...)`` of x̂
@@ -236,7 +246,13 @@ class SelectiveRoPE(PositionEncoding):
         weight, sizes = self._first_layers(dtype)
         chunks = x.unflatten(-1, (self.num_heads, -1)).to(dtype)
         grad_dtype = grad_dtype if dtype == torch.float32 else None
-        parts = normalized_head_projection(chunks, weight, self.norm_eps, grad_dtype).split(sizes, dim=-1)
+        projected = normalized_head_projection(chunks, weight, self.norm_eps, grad_dtype)
+        if self._fuses_gate(projected):
+            from srope.ops.triton.head_gate import split_head_gate
+
+            u, gate = split_head_gate(projected.flatten(0, -3), self.gate.bias.to(dtype), self.pairs)
+            return u.view(*projected.shape[:-2], -1), gate.view(*projected.shape[:-2], -1)
+        parts = projected.split(sizes, dim=-1)
         # Maps of the whole (flattened) x̂ are the sums of their per-head shares.
         u = parts[0].flatten(-2) if self.projection == "full-rank" else _linear(self.proj[1], parts[0].sum(-2))
         if self.gate is None:
@@ -259,11 +275,17 @@ class SelectiveRoPE(PositionEncoding):
         with torch.autocast(device, enabled=False):
             u, gate = self.generator_inputs(x, grad_dtype)
             phi, conv_state = self.conv(u, layout, conv_state)
-            phi = phi.unflatten(-1, (self.num_heads, self.pairs))
-            if self.bias is not None:
-                phi = phi + torch.exp(self.bias.to(phi.dtype))
-            if gate is not None:
-                phi = phi * (gate.unflatten(-1, (self.num_heads, self.pairs)) if self.gate_type == "per-channel" else gate[..., None])
+            if gate is not None and self._fuses_gate(phi):
+                from srope.ops.triton.head_gate import apply_head_gate
+
+                e = None if self.bias is None else torch.exp(self.bias.to(phi.dtype))
+                phi = apply_head_gate(phi.flatten(0, -2), gate.flatten(0, -2), e).view(*phi.shape[:-1], self.num_heads, self.pairs)
+            else:
+                phi = phi.unflatten(-1, (self.num_heads, self.pairs))
+                if self.bias is not None:
+                    phi = phi + torch.exp(self.bias.to(phi.dtype))
+                if gate is not None:
+                    phi = phi * (gate.unflatten(-1, (self.num_heads, self.pairs)) if self.gate_type == "per-channel" else gate[..., None])
             if self.training and self.phase_noise > 0:
                 theta = self.temperature(phi.dtype, phi.device).detach().abs()
                 scale = self.phase_noise / theta.clamp_min(torch.finfo(phi.dtype).tiny)

@@ -48,7 +48,12 @@ class _NormalizedHeadProjection(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype) -> torch.Tensor:
         inv_norm = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() + eps)  # [N, H]
-        y = torch.bmm(x.transpose(0, 1), weight).transpose(0, 1) * inv_norm[..., None]  # [N, H, M]
+        # Written in [N, H, M] order (cuBLAS takes the strides): the scaling below and every
+        # reader downstream then see contiguous memory (a [H, N, M] product cost two
+        # non-vectorised copies and a strided multiply, 0.09 ms at 32768 tokens x 4 x 68).
+        y = torch.empty(x.shape[0], x.shape[1], weight.shape[2], dtype=x.dtype, device=x.device)
+        torch.bmm(x.transpose(0, 1), weight, out=y.transpose(0, 1))
+        y.mul_(inv_norm[..., None])
         ctx.save_for_backward(x, weight, inv_norm, y)
         ctx.grad_dtype = grad_dtype
         return y
