@@ -277,8 +277,8 @@ CPU = DemoConfig(
 # 1.000 / 1.000 on seeds 0, 1 and 2 (drift -0.43, -0.26, +0.21 rad; 105-132 s), NoPE and RoPE
 # <= 0.071 @128 and 0.000 @512 (cuda-seed{0,1,2}-gain8-noise, 4000 sequences per length;
 # run as `benchmarks/screen_demo.py --full` with these overrides of the previous preset).
-# `srope demo --device cuda` with this preset, seeds 0 and 3 (results/demo/cuda-cli-seed{0,3}):
-# 1.000 / 1.000 both (drift +0.37, +0.26 rad; 124 s and 87 s).
+# `srope demo --device cuda` with this preset, seeds 0 and 3-6 (results/demo/cuda-cli-seed{0,3,4,5,6}):
+# 1.000 / 1.000 on all five (drift +0.37, +0.26, +0.50, -0.15, -0.01 rad; 87-124 s).
 CUDA = DemoConfig(
     name="cuda",
     model={"hidden_size": 384, "num_hidden_layers": 1, "num_heads": 12, "expand_k": 1.0, "expand_v": 1.0, "use_short_conv": True,
