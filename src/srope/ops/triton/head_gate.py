@@ -101,6 +101,90 @@ def apply_bwd_kernel(dphi, c, s, e, dc, ds, partial, N, H: tl.constexpr, R: tl.c
         tl.store(partial + (pn * H + h) * R + rr, tl.sum(scaled, axis=0), mask=mr)
 
 
+@triton.jit
+def _position(pos, nn, mn, T, HAS_POS: tl.constexpr):
+    """Every token's position in its sequence (-1 past the end): from ``pos`` (packed
+    sequences) or, for dense rows of T tokens, ``n mod T``."""
+    if HAS_POS:
+        return tl.load(pos + nn, mask=mn, other=-1)
+    return tl.where(mn, nn % T, -1)
+
+
+@triton.jit
+def conv_fwd_kernel(u, w, cb, s, e, pos, phi, N, T, H: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
+                    HAS_CB: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr,
+                    BN: tl.constexpr, BR: tl.constexpr):
+    """φ = (act(Σ_j w[c, W-1-j] · u[n-j, c] + cb[c]) + e[h, r]) · s[n, h], c = h·R + r; lags
+    reaching before the token's sequence start read 0 (no carried state)."""
+    nn = tl.program_id(0) * BN + tl.arange(0, BN)
+    h = tl.program_id(1)
+    rr = tl.arange(0, BR)
+    mn, mr = nn < N, rr < R
+    cc = h * R + rr
+    at = _position(pos, nn, mn, T, HAS_POS)
+    pre = tl.zeros([BN, BR], dtype=tl.float32)
+    for j in tl.static_range(W):
+        ok = (at >= j)[:, None] & mr[None, :]
+        pre += tl.load(u + (nn - j)[:, None] * (H * R) + cc[None, :], mask=ok, other=0.0) \
+            * tl.load(w + cc * W + (W - 1 - j), mask=mr, other=0.0)[None, :]
+    if HAS_CB:
+        pre += tl.load(cb + cc, mask=mr, other=0.0)[None, :]
+    value = pre * tl.sigmoid(pre) if SILU else pre
+    if HAS_BIAS:
+        value += tl.load(e + cc, mask=mr, other=0.0)[None, :]
+    gate = tl.load(s + nn * H + h, mask=mn, other=0.0)
+    tl.store(phi + (nn[:, None] * H + h) * R + rr[None, :], value * gate[:, None], mask=mn[:, None] & mr[None, :])
+
+
+@triton.jit
+def conv_bwd_kernel(dphi, u, w, cb, s, e, pos, du, ds, part_w, part_cb, part_e, N, T, H: tl.constexpr, R: tl.constexpr,
+                    W: tl.constexpr, HAS_CB: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr,
+                    SILU: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr):
+    """du[m] = Σ_k w[c, W-1-k] · dpre[m+k] over the k with m+k in m's sequence; dpre (the
+    gradient before the activation) is recomputed at each m+k. The block's own tokens also
+    give ds and the per-block partial sums of the conv weight's, conv bias's and e's gradients."""
+    pb, h = tl.program_id(0), tl.program_id(1)
+    mm = pb * BN + tl.arange(0, BN)
+    rr = tl.arange(0, BR)
+    mr = rr < R
+    cc = h * R + rr
+    taps_c = cc * W
+    acc = tl.zeros([BN, BR], dtype=tl.float32)
+    for k in tl.static_range(W):
+        nn = mm + k
+        mn = nn < N
+        at = _position(pos, nn, mn, T, HAS_POS)
+        pre = tl.zeros([BN, BR], dtype=tl.float32)
+        for j in tl.static_range(W):
+            ok = (at >= j)[:, None] & mr[None, :]
+            pre += tl.load(u + (nn - j)[:, None] * (H * R) + cc[None, :], mask=ok, other=0.0) \
+                * tl.load(w + taps_c + (W - 1 - j), mask=mr, other=0.0)[None, :]
+        if HAS_CB:
+            pre += tl.load(cb + cc, mask=mr, other=0.0)[None, :]
+        tile = mn[:, None] & mr[None, :]
+        grad = tl.load(dphi + (nn[:, None] * H + h) * R + rr[None, :], mask=tile, other=0.0)
+        gate = tl.load(s + nn * H + h, mask=mn, other=0.0)
+        dvalue = grad * gate[:, None]
+        if SILU:
+            sig = tl.sigmoid(pre)
+            dpre = dvalue * sig * (1.0 + pre * (1.0 - sig))
+        else:
+            dpre = dvalue
+        acc += tl.where((at >= k)[:, None], dpre, 0.0) * tl.load(w + taps_c + (W - 1 - k), mask=mr, other=0.0)[None, :]
+        if k == 0:
+            value = pre * tl.sigmoid(pre) if SILU else pre
+            if HAS_BIAS:
+                value += tl.load(e + cc, mask=mr, other=0.0)[None, :]
+            tl.store(ds + nn * H + h, tl.sum(grad * value, axis=1), mask=mn)
+            tl.store(part_e + pb * (H * R) + cc, tl.sum(dvalue, axis=0), mask=mr)
+            tl.store(part_cb + pb * (H * R) + cc, tl.sum(dpre, axis=0), mask=mr)
+            for j in tl.static_range(W):
+                ok = (at >= j)[:, None] & mr[None, :]
+                lagged = tl.load(u + (nn - j)[:, None] * (H * R) + cc[None, :], mask=ok, other=0.0)
+                tl.store(part_w + (pb * (H * R) + cc) * W + (W - 1 - j), tl.sum(dpre * lagged, axis=0), mask=mr)
+    tl.store(du + mm[:, None] * (H * R) + cc[None, :], acc, mask=(mm < N)[:, None] & mr[None, :])
+
+
 def _launch(x: torch.Tensor):
     block_n = 16 if interpreting() else BLOCK_N
     return block_n, triton.cdiv(x.shape[0], block_n)
@@ -218,6 +302,77 @@ def _apply_backward(ctx, dphi):
 _apply_op.register_autograd(_apply_backward, setup_context=_apply_setup)
 
 
+def _conv_meta(heads: int, pairs: int, block_n: int, weight: torch.Tensor, conv_bias, e, pos, silu: bool) -> dict:
+    return dict(W=weight.shape[1], HAS_CB=conv_bias is not None, HAS_BIAS=e is not None, HAS_POS=pos is not None, SILU=silu,
+                **_meta(heads, pairs, block_n))
+
+
+@torch.library.custom_op("srope::head_gate_conv", mutates_args=())
+def _conv_op(u: torch.Tensor, weight: torch.Tensor, conv_bias: torch.Tensor | None, s: torch.Tensor, e: torch.Tensor | None,
+             pos: torch.Tensor | None, seq_len: int, silu: bool) -> torch.Tensor:
+    count, heads = s.shape
+    pairs = u.shape[1] // heads
+    u, weight, s = u.contiguous(), weight.contiguous(), s.contiguous()
+    phi = torch.empty(count, heads, pairs, dtype=u.dtype, device=u.device)
+    block_n, blocks = _launch(u)
+    if count:
+        with on_device(u):
+            conv_fwd_kernel[(blocks, heads)](
+                u, weight, u if conv_bias is None else conv_bias.contiguous(), s, u if e is None else e.contiguous(),
+                u if pos is None else pos, phi, count, seq_len, **_conv_meta(heads, pairs, block_n, weight, conv_bias, e, pos, silu))
+    return phi
+
+
+@_conv_op.register_fake
+def _(u, weight, conv_bias, s, e, pos, seq_len, silu):
+    return u.new_empty((s.shape[0], s.shape[1], u.shape[1] // s.shape[1]))
+
+
+@torch.library.custom_op("srope::head_gate_conv_bwd", mutates_args=())
+def _conv_bwd_op(dphi: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, conv_bias: torch.Tensor | None, s: torch.Tensor,
+                 e: torch.Tensor | None, pos: torch.Tensor | None, seq_len: int, silu: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    count, heads = s.shape
+    channels, width = weight.shape
+    u, weight, s, dphi = u.contiguous(), weight.contiguous(), s.contiguous(), dphi.contiguous()
+    du, ds = torch.empty_like(u), torch.empty_like(s)
+    block_n, blocks = _launch(u)
+    part_w = torch.empty(blocks, channels, width, dtype=u.dtype, device=u.device)
+    part_cb, part_e = (torch.empty(blocks, channels, dtype=u.dtype, device=u.device) for _ in range(2))
+    if count:
+        with on_device(u):
+            conv_bwd_kernel[(blocks, heads)](
+                dphi, u, weight, u if conv_bias is None else conv_bias.contiguous(), s, u if e is None else e.contiguous(),
+                u if pos is None else pos, du, ds, part_w, part_cb, part_e, count, seq_len,
+                **_conv_meta(heads, channels // heads, block_n, weight, conv_bias, e, pos, silu))
+    return du, part_w.sum(0), part_cb.sum(0), ds, part_e.sum(0).view(heads, channels // heads)
+
+
+@_conv_bwd_op.register_fake
+def _(dphi, u, weight, conv_bias, s, e, pos, seq_len, silu):
+    heads = s.shape[1]
+    return (torch.empty_like(u), torch.empty_like(weight), u.new_empty((weight.shape[0],)), torch.empty_like(s),
+            u.new_empty((heads, weight.shape[0] // heads)))
+
+
+def _conv_setup(ctx, inputs, output):
+    u, weight, conv_bias, s, e, pos, seq_len, silu = inputs
+    ctx.has = (conv_bias is not None, e is not None, pos is not None)
+    ctx.seq_len, ctx.silu = seq_len, silu
+    ctx.save_for_backward(u, weight, conv_bias, s, e, pos)
+
+
+def _conv_backward(ctx, dphi):
+    u, weight, conv_bias, s, e, pos = ctx.saved_tensors
+    has_cb, has_e, has_pos = ctx.has
+    du, dw, dcb, ds, de = _conv_bwd_op(dphi, u, weight, conv_bias if has_cb else None, s, e if has_e else None,
+                                       pos if has_pos else None, ctx.seq_len, ctx.silu)
+    return du, dw, dcb if has_cb else None, ds, de if has_e else None, None, None, None
+
+
+_conv_op.register_autograd(_conv_backward, setup_context=_conv_setup)
+
+
 def _check(name: str, tensor: torch.Tensor, shape: tuple, device: torch.device) -> None:
     if tensor.dtype != torch.float32:
         raise TypeError(f"{name} must be float32, got {tensor.dtype}")
@@ -271,3 +426,52 @@ def apply_head_gate(c: torch.Tensor, s: torch.Tensor, e: torch.Tensor | None = N
         _check("e", e, (heads, c.shape[1] // heads), c.device)
     _check_device(c)
     return _apply_op(c, s, e)
+
+
+def conv_head_gate(
+    u: torch.Tensor,
+    weight: torch.Tensor,
+    s: torch.Tensor,
+    *,
+    conv_bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    e: torch.Tensor | None = None,
+    seq_len: int | None = None,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The generator's short conv, activation, bias and gate in one kernel each way:
+    ``φ[n, h, r] = (act(Σ_w weight[c, w] · u[n - (W-1) + w, c] + conv_bias[c]) + e[h, r]) · s[n, h]``
+    with ``c = h·R + r``, lags before a sequence's first token reading 0 (no carried state).
+
+    Args:
+        u: ``[N, H·R]`` float32, the conv's input (tokens of all sequences, flattened).
+        weight: ``[H·R, W]`` float32 taps, the current token last; conv_bias ``[H·R]`` or None.
+        s: ``[N, H]`` float32, the gate; e: ``[H, R]`` float32 or None, the exponentiated bias.
+        activation: None or ``"silu"`` (``"swish"``).
+        seq_len: dense rows: every ``seq_len`` consecutive tokens are one sequence; or
+        positions: ``[N]`` int32, each token's position in its (packed) sequence.
+
+    Returns ``φ [N, H, R]``; differentiable in u, weight, conv_bias, s and e (the weight
+    and bias gradients are per-block partial sums added in a fixed order: deterministic).
+    """
+    if s.dim() != 2 or u.dim() != 2 or u.shape[0] != s.shape[0] or s.shape[1] < 1 or u.shape[1] % s.shape[1]:
+        raise ValueError(f"u must be [N, H·R] and s [N, H], got {list(u.shape)} and {list(s.shape)}")
+    count, heads = s.shape
+    channels = u.shape[1]
+    if weight.dim() != 2 or weight.shape[0] != channels or weight.shape[1] < 1:
+        raise ValueError(f"weight must be [H·R, W] = [{channels}, W >= 1], got {list(weight.shape)}")
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
+    if (seq_len is None) == (positions is None):
+        raise ValueError("give exactly one of seq_len (dense rows) and positions (packed sequences)")
+    for name, tensor, shape in (("u", u, tuple(u.shape)), ("weight", weight, tuple(weight.shape)), ("s", s, tuple(s.shape)),
+                                ("conv_bias", conv_bias, (channels,)), ("e", e, (heads, channels // heads))):
+        if tensor is not None:
+            _check(name, tensor, shape, u.device)
+    if positions is not None:
+        if positions.dtype != torch.int32 or tuple(positions.shape) != (count,) or positions.device != u.device:
+            raise ValueError(f"positions must be int32 [{count}] on {u.device}, got {positions.dtype} {list(positions.shape)} on {positions.device}")
+    elif not isinstance(seq_len, int) or seq_len < 1 or count % seq_len:
+        raise ValueError(f"seq_len must be a positive integer dividing the {count} tokens, got {seq_len!r}")
+    _check_device(u)
+    return _conv_op(u, weight, conv_bias, s, e, positions, seq_len or 1, activation is not None)
