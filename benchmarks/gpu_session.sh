@@ -132,12 +132,8 @@ stage_gatetest() {  # the fused head gate compiled: its tests and the projection
   run 240 python -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
 }
 
-stage_gateconvtest() {  # the fused head gate and conv compiled (no other tests: short of device time)
-  run ${GATETEST_LIMIT:-90} python -m pytest tests/triton/test_head_gate.py -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu_head_gate.xml
-}
-
 stage_gatelayer() {  # the GLA layer with each PE and Selective RoPE with the torch gate (same run)
-  run ${LAYER_LIMIT:-150} python benchmarks/bench_layer.py --hosts gla --out $R/layer_gla_h200.json
+  run 150 python benchmarks/bench_layer.py --hosts gla --out $R/layer_gla_h200.json
 }
 
 stage_gatemodel() {  # gla-370m training and decoding speed with each PE

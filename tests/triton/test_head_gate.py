@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srope.ops.triton.head_gate import apply_head_gate, conv_head_gate, split_head_gate
+from srope.ops.triton.head_gate import apply_head_gate, split_head_gate
 from tests.helpers import generator, randn, rel_err
 
 # (tokens, heads, pairs): one block and a partial one, odd sizes, the benchmark's head shape.
@@ -119,10 +119,10 @@ def test_opcheck(device):
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("packing", ["dense", "padded", "packed"])
 def test_module_fused_gate_matches_float64(monkeypatch, bias, packing, device):
-    """SelectiveRoPE with the standard gate through the fused kernels (FUSED_GATE "always":
-    the fused conv for dense rows and packed sequences, the conv then the fused gate for
-    padded rows) against the same module in float64 through torch: rotated q/k and every
-    gradient (parameters, q, k, x); the torch route in float32 agrees as well."""
+    """SelectiveRoPE with the standard gate through the fused kernels (FUSED_GATE "always")
+    against the same module in float64 through torch: rotated q/k and every gradient
+    (parameters, q, k, x), with padding or packed sequences; the torch route in float32
+    agrees as well."""
     from srope.modules import selective_rope as module
 
     torch.manual_seed(11)
@@ -151,125 +151,8 @@ def test_module_fused_gate_matches_float64(monkeypatch, bias, packing, device):
         copy.zero_grad(set_to_none=True)
         return result
 
-    from srope.ops.triton import head_gate
-
-    taken = []
-    for name in ("conv_head_gate", "apply_head_gate"):
-        original = getattr(head_gate, name)
-        monkeypatch.setattr(head_gate, name, lambda *a, _f=original, _n=name, **k: (taken.append(_n), _f(*a, **k))[1])
     exact = run("never", torch.float64)
-    assert taken == []
     fused = run("always", torch.float32)
-    # Padded rows take fla's or torch's conv and the fused gate; dense and packed the fused conv.
-    assert taken == ["apply_head_gate" if packing == "padded" else "conv_head_gate"]
     unfused = run("never", torch.float32)
     for a, b, c in zip(fused, unfused, exact):
         assert rel_err(a, c) < 1e-5 and rel_err(b, c) < 1e-5
-
-
-def reference_conv(u, weight, conv_bias, s, e, bounds, silu):
-    """Per sequence ``(start, end)``: F.conv1d with W-1 zeros in front, the activation, then
-    bias and gate as in reference_apply."""
-    width, channels = weight.shape[1], weight.shape[0]
-    rows = []
-    for start, end in bounds:
-        history = torch.nn.functional.pad(u[start:end].T[None], (width - 1, 0))
-        rows.append(torch.nn.functional.conv1d(history, weight[:, None, :], conv_bias, groups=channels)[0].T)
-    pre = torch.cat(rows)
-    return reference_apply(torch.nn.functional.silu(pre) if silu else pre, s, e)
-
-
-CONV_CASES = [
-    # (heads, pairs, width, lengths of the sequences, packed)
-    (1, 1, 1, [5], False),
-    (3, 5, 4, [37, 37], False),
-    (2, 64, 4, [70], False),
-    (2, 3, 2, [1, 2, 17, 3, 40], True),
-    (4, 16, 4, [3, 1, 66, 4], True),
-]
-
-
-@pytest.mark.parametrize("silu", [True, False], ids=["silu", "linear"])
-@pytest.mark.parametrize("extras", [True, False], ids=["biases", "no-biases"])
-@pytest.mark.parametrize("heads,pairs,width,lengths,packed", CONV_CASES)
-def test_conv_matches_float64(heads, pairs, width, lengths, packed, extras, silu, device):
-    """The fused conv + activation + bias + gate against per-sequence F.conv1d in float64:
-    output and the gradients of u, the taps, the conv bias, the gate and e; dense rows
-    (every row restarts) and packed sequences (including ones shorter than the conv)."""
-    gen = generator(heads * 100 + width)
-    count = sum(lengths)
-    bounds, start = [], 0
-    for length in lengths:
-        bounds.append((start, start + length))
-        start += length
-    u = randn(count, heads * pairs, seed_gen=gen, dtype=torch.float32).to(device)
-    weight = randn(heads * pairs, width, seed_gen=gen, dtype=torch.float32).to(device)
-    s = torch.rand(count, heads, generator=gen).to(device)
-    conv_bias = randn(heads * pairs, seed_gen=gen, dtype=torch.float32).to(device) if extras else None
-    e = randn(heads, pairs, seed_gen=gen, dtype=torch.float32).exp().to(device) if extras else None
-    where = {"seq_len": lengths[0]}
-    if packed:
-        where = {"positions": torch.cat([torch.arange(length, dtype=torch.int32) for length in lengths]).to(device)}
-    activation = "silu" if silu else None
-    names = ["u", "weight", "s"] + (["conv_bias", "e"] if extras else [])
-    inputs = [u, weight, s] + ([conv_bias, e] if extras else [])
-
-    def fused(*args):
-        named = dict(zip(names, args))
-        return conv_head_gate(named.pop("u"), named.pop("weight"), named.pop("s"), activation=activation, **named, **where)
-
-    def exact(*args):
-        named = dict(zip(names, args))
-        return reference_conv(named["u"], named["weight"], named.get("conv_bias"), named["s"], named.get("e"), bounds, silu)
-
-    check_against_float64(fused, exact, inputs, seed=3)
-
-
-def test_conv_bad_inputs(device):
-    u, s, w = torch.zeros(6, 4, device=device), torch.zeros(6, 2, device=device), torch.zeros(4, 3, device=device)
-    with pytest.raises(ValueError, match="exactly one of"):
-        conv_head_gate(u, w, s)
-    with pytest.raises(ValueError, match="dividing"):
-        conv_head_gate(u, w, s, seq_len=4)
-    with pytest.raises(ValueError, match="int32"):
-        conv_head_gate(u, w, s, positions=torch.zeros(6, dtype=torch.int64, device=device))
-    with pytest.raises(ValueError, match="weight must be"):
-        conv_head_gate(u, torch.zeros(5, 3, device=device), s, seq_len=3)
-    with pytest.raises(ValueError, match="activation"):
-        conv_head_gate(u, w, s, seq_len=3, activation="relu")
-    with pytest.raises(TypeError, match="float32"):
-        conv_head_gate(u.double(), w, s, seq_len=3)
-
-
-def test_conv_opcheck(device):
-    from srope.ops.triton import head_gate
-
-    gen = generator(8)
-    u, w = randn(7, 6, seed_gen=gen, dtype=torch.float32).to(device), randn(6, 3, seed_gen=gen, dtype=torch.float32).to(device)
-    s, cb = torch.rand(7, 2, generator=gen).to(device), randn(6, seed_gen=gen, dtype=torch.float32).to(device)
-    e = randn(2, 3, seed_gen=gen, dtype=torch.float32).to(device)
-    pos = torch.tensor([0, 1, 2, 0, 0, 1, 2], dtype=torch.int32, device=device)
-    torch.library.opcheck(head_gate._conv_op, (u, w, cb, s, e, pos, 1, True))
-    torch.library.opcheck(head_gate._conv_op, (u, w, None, s, None, None, 7, False))
-
-
-def test_module_decode_after_fused_prefill(monkeypatch, device):
-    """Prefill through the fused conv (its final conv state from the inputs), then one-token
-    steps with the cache: the same rotated q/k as one prefill of the whole sequence."""
-    from srope.modules import selective_rope as module
-
-    monkeypatch.setattr(module, "FUSED_GATE", "always")
-    torch.manual_seed(13)
-    layer = module.SelectiveRoPE(32, 2, 8, gate="standard", bias=True, conv_size=4).to(device).eval()
-    gen = generator(14)
-    q, k = (randn(2, 9, 2, 8, seed_gen=gen, dtype=torch.float32).to(device) for _ in range(2))
-    x = randn(2, 9, 32, seed_gen=gen, dtype=torch.float32).to(device)
-    with torch.no_grad():
-        whole = layer(q, k, x)[:2]
-        out_q, out_k, state = layer(q[:, :6], k[:, :6], x[:, :6], use_cache=True)
-        steps = [(out_q, out_k)]
-        for t in range(6, 9):
-            step_q, step_k, state = layer(q[:, t:t + 1], k[:, t:t + 1], x[:, t:t + 1], state=state, use_cache=True)
-            steps.append((step_q, step_k))
-    for got, expected in zip((torch.cat([s[0] for s in steps], 1), torch.cat([s[1] for s in steps], 1)), whole):
-        assert rel_err(got, expected) < 1e-5

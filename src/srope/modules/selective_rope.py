@@ -18,7 +18,6 @@ from torch import nn
 
 from srope.modules.base import PositionEncoding
 from srope.modules.conv import FirstDifference, ShortConvolution
-from srope.ops.conv import last_inputs
 from srope.modules.spectra import SPECTRA, temperature_spectrum
 from srope.ops.layout import RowLayout
 from srope.ops.projection import normalized_head_projection
@@ -275,8 +274,6 @@ class SelectiveRoPE(PositionEncoding):
         grad_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         with torch.autocast(device, enabled=False):
             u, gate = self.generator_inputs(x, grad_dtype)
-            if gate is not None and conv_state is None and self._fuses_gate(u) and layout.order is None:
-                return self._fused_conv_and_gate(u, gate, layout), last_inputs(u, layout, self.conv.kernel_size, None)
             phi, conv_state = self.conv(u, layout, conv_state)
             if gate is not None and self._fuses_gate(phi):
                 from srope.ops.triton.head_gate import apply_head_gate
@@ -290,29 +287,10 @@ class SelectiveRoPE(PositionEncoding):
                 if gate is not None:
                     phi = phi * (gate.unflatten(-1, (self.num_heads, self.pairs)) if self.gate_type == "per-channel" else gate[..., None])
             if self.training and self.phase_noise > 0:
-                phi = phi + self._phase_noise(phi)
+                theta = self.temperature(phi.dtype, phi.device).detach().abs()
+                scale = self.phase_noise / theta.clamp_min(torch.finfo(phi.dtype).tiny)
+                phi = phi + scale * torch.randn_like(phi)
         return phi, conv_state
-
-    def _phase_noise(self, phi: torch.Tensor) -> torch.Tensor:
-        """N(0, phase_noise²) radians per angle step, expressed in φ's units (÷ temperature)."""
-        theta = self.temperature(phi.dtype, phi.device).detach().abs()
-        return self.phase_noise / theta.clamp_min(torch.finfo(phi.dtype).tiny) * torch.randn_like(phi)
-
-    def _fused_conv_and_gate(self, u: torch.Tensor, gate: torch.Tensor, layout: RowLayout) -> torch.Tensor:
-        """φ from the conv's input through one Triton kernel each way (conv, activation,
-        bias, standard gate; no carried conv state; dense rows or packed sequences)."""
-        from srope.ops.triton.head_gate import conv_head_gate
-
-        where = {"positions": layout.step.to(torch.int32)} if layout.index is not None else {"seq_len": u.shape[1]}
-        phi = conv_head_gate(
-            u.flatten(0, -2), self.conv.kernel().to(device=u.device, dtype=u.dtype), gate.flatten(0, -2),
-            conv_bias=None if self.conv.bias is None else self.conv.bias.to(u.dtype), activation=self.conv.activation,
-            e=None if self.bias is None else torch.exp(self.bias.to(u.dtype)), **where,
-        )
-        phi = phi.view(*u.shape[:-1], self.num_heads, self.pairs)
-        if self.training and self.phase_noise > 0:
-            phi = phi + self._phase_noise(phi)
-        return phi
 
     def decode_step(self, q, k, x, state: SelectiveRoPEState):
         """One token per sequence (q/k ``[N,1,..]``, x ``[N,1,hidden]``) through the fused
