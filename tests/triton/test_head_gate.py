@@ -156,3 +156,25 @@ def test_module_fused_gate_matches_float64(monkeypatch, bias, packing, device):
     unfused = run("never", torch.float32)
     for a, b, c in zip(fused, unfused, exact):
         assert rel_err(a, c) < 1e-5 and rel_err(b, c) < 1e-5
+
+
+def test_module_decode_after_fused_prefill(monkeypatch, device):
+    """Prefill with the fused gate, then one-token steps with the cache: the same rotated
+    q/k as one prefill of the whole sequence."""
+    from srope.modules import selective_rope as module
+
+    monkeypatch.setattr(module, "FUSED_GATE", "always")
+    torch.manual_seed(13)
+    layer = module.SelectiveRoPE(32, 2, 8, gate="standard", bias=True, conv_size=4).to(device).eval()
+    gen = generator(14)
+    q, k = (randn(2, 9, 2, 8, seed_gen=gen, dtype=torch.float32).to(device) for _ in range(2))
+    x = randn(2, 9, 32, seed_gen=gen, dtype=torch.float32).to(device)
+    with torch.no_grad():
+        whole = layer(q, k, x)[:2]
+        out_q, out_k, state = layer(q[:, :6], k[:, :6], x[:, :6], use_cache=True)
+        steps = [(out_q, out_k)]
+        for t in range(6, 9):
+            step_q, step_k, state = layer(q[:, t:t + 1], k[:, t:t + 1], x[:, t:t + 1], state=state, use_cache=True)
+            steps.append((step_q, step_k))
+    for got, expected in zip((torch.cat([s[0] for s in steps], 1), torch.cat([s[1] for s in steps], 1)), whole):
+        assert rel_err(got, expected) < 1e-5
