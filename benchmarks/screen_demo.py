@@ -36,7 +36,7 @@ def variant_config(overrides: dict, eval_size: int | None = None, preset: str = 
             fields[name] = {**getattr(base, name), **fields[name]}
     if "curriculum" in fields:
         fields["curriculum"] = tuple(tuple(stage) for stage in fields["curriculum"])
-    for name in ("betas", "phase_noise_by_stage"):
+    for name in ("betas", "phase_noise_by_stage", "lr_by_stage"):
         if fields.get(name) is not None:
             fields[name] = tuple(fields[name])
     if eval_size is not None:

@@ -25,6 +25,7 @@ TINY = dataclasses.replace(
     name="tiny",
     model={"hidden_size": 16, "num_hidden_layers": 1, "num_heads": 2, "expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True},
     curriculum=((6, 4), (9, 4)),
+    lr_by_stage=None,
     batch_size=8,
     warmup_steps=2,
     cooldown_steps=3,
@@ -290,6 +291,15 @@ def test_schedule_and_curriculum():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="switch_warmup_steps must be an integer >= 0"):
             dataclasses.replace(config, switch_warmup_steps=bad).check()
+    # per-stage factors multiply everything else (stages start at steps 0, 3 and 5)
+    staged = dataclasses.replace(rewarm, lr_by_stage=(1.0, 0.5, 0.25))
+    stage_factors = [1, 1, 1, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25, 0.25]
+    np.testing.assert_allclose([staged.lr_at(s) for s in range(10)],
+                               [g * f * e for g, f, e in zip(stage_factors, factors, expected)])
+    staged.check()
+    for bad in ((1.0, 0.5), (1.0, 0.0, 1.0), (1.0, -1.0, 1.0), (1.0, math.inf, 1.0), (1.0, math.nan, 1.0), (True, 1.0, 1.0)):
+        with pytest.raises(ValueError, match="lr_by_stage must be None or 3 finite numbers > 0"):
+            dataclasses.replace(config, lr_by_stage=bad).check()
 
 
 def test_targets_and_table():
