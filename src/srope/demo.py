@@ -169,6 +169,13 @@ class DemoConfig:
             return None
         return self.phase_noise_by_stage[self.stage_at(step)]
 
+    def _one_per_stage(self, values, positive: bool) -> bool:
+        """True when ``values`` holds one finite real number per curriculum stage, each > 0
+        (``positive``) or >= 0."""
+        return len(values) == len(self.curriculum) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 if positive else v >= 0) and v < math.inf
+            for v in values)
+
     def check(self) -> None:
         """Range checks (raises ValueError naming the field and the allowed range)."""
         if not self.curriculum:
@@ -194,13 +201,11 @@ class DemoConfig:
         if not (self.position_lr_scale > 0 and math.isfinite(self.position_lr_scale)):
             raise ValueError(f"position_lr_scale must be a positive number, got {self.position_lr_scale}")
         noise = self.phase_noise_by_stage
-        if noise is not None and (len(noise) != len(self.curriculum) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf for v in noise)):
+        if noise is not None and not self._one_per_stage(noise, positive=False):
             raise ValueError(f"phase_noise_by_stage must be None or {len(self.curriculum)} finite numbers >= 0 (radians, one per "
                              f"curriculum stage), got {noise!r}")
         factors = self.lr_by_stage
-        if factors is not None and (len(factors) != len(self.curriculum) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in factors)):
+        if factors is not None and not self._one_per_stage(factors, positive=True):
             raise ValueError(f"lr_by_stage must be None or {len(self.curriculum)} finite numbers > 0 (learning-rate factors, one "
                              f"per curriculum stage), got {factors!r}")
         if isinstance(self.switch_warmup_steps, bool) or not isinstance(self.switch_warmup_steps, int) or self.switch_warmup_steps < 0:
