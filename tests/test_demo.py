@@ -77,8 +77,15 @@ def test_parallel_workers_match_sequential(tmp_path):
     one = demo.run_demo(tmp_path / "one", seed=1, config=config, workers=1, progress=False)
     three = demo.run_demo(tmp_path / "three", seed=1, config=config, workers=3, progress=False)
     assert three["workers"] == 3 and three["threads_per_worker"] >= 1
+    assert three["cpu_seconds"] >= sum(three["results"][kind]["cpu_seconds"] for kind in demo.POSITIONS) > 0
     for kind in demo.POSITIONS:
         np.testing.assert_allclose(three["results"][kind]["loss"], one["results"][kind]["loss"], rtol=1e-4, atol=1e-6)
+
+
+def test_default_workers():
+    """All three models at once on a CPU with 2+ cores; one at a time on a single core or CUDA."""
+    assert demo.default_workers("cpu", 2) == demo.default_workers("cpu", 16) == 3
+    assert demo.default_workers("cpu", 1) == demo.default_workers("cuda", 16) == 1
 
 
 @pytest.mark.parametrize(
@@ -414,3 +421,35 @@ def test_cli_seed_list():
     assert parser.parse_args(["demo"]).seeds is None
     with pytest.raises(SystemExit):
         parser.parse_args(["demo", "--seed", "1", "--seeds", "0-2"])
+
+
+def test_cli_workers():
+    from srope.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["demo"]).workers is None and parser.parse_args(["demo", "--workers", "1"]).workers == 1
+    for bad in ("0", "4", "x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["demo", "--workers", bad])
+
+
+UNGUARDED_SCRIPT = """
+import dataclasses
+from srope import demo
+config = dataclasses.replace(demo.CPU, name="tiny", curriculum=((6, 2),), lr_by_stage=None, cooldown_steps=1, eval_len=12,
+                             eval_size=4, eval_batch_size=4,
+                             model={"hidden_size": 16, "num_hidden_layers": 1, "num_heads": 2, "expand_k": 0.5, "expand_v": 1.0})
+demo.run_demo(OUT, config=config, workers=3, progress=False)
+"""
+
+
+def test_parallel_workers_from_a_script_without_a_main_guard_fail_clearly(tmp_path):
+    """Worker processes import the main script again; without the guard the demo says so."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT.replace("OUT", repr(str(tmp_path / "out"))))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert 'if __name__ == "__main__":' in done.stderr and "workers=1" in done.stderr, done.stderr[-2000:]

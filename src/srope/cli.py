@@ -12,9 +12,9 @@ def _demo(args: argparse.Namespace) -> int:
     from srope.demo import run_demo, run_demo_seeds
 
     if args.seeds is not None:
-        run_demo_seeds(out=args.out, device=args.device, seeds=args.seeds)
+        run_demo_seeds(out=args.out, device=args.device, seeds=args.seeds, workers=args.workers)
     else:
-        run_demo(out=args.out, device=args.device, seed=args.seed)
+        run_demo(out=args.out, device=args.device, seed=args.seed, workers=args.workers)
     return 0
 
 
@@ -127,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     seed.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     seed.add_argument("--seeds", type=_seed_list, default=None,
                       help="run once per seed, e.g. 0-4, into OUT/seed<N>, plus OUT/summary.json and OUT/seeds.png")
+    demo.add_argument("--workers", type=int, choices=[1, 2, 3], default=None,
+                      help="models trained at once, one process each (default: 3 on a CPU with 2+ cores, else 1)")
     demo.set_defaults(func=_demo)
 
     models = commands.add_parser("models", help="the model presets with their parameter counts per position encoding")

@@ -589,6 +589,16 @@ def check_args(out: Any, device: Any, seed: Any, preset: Any = None, workers: An
         raise ValueError(f"workers must be None (automatic) or an integer in [1, {len(POSITIONS)}], got {workers!r}")
 
 
+def default_workers(device: str, cores: int) -> int:
+    """How many of the three models :func:`run_demo` trains at once by default.
+
+    On the CPU the models are small enough that a second thread speeds one up by only
+    about 1.4x, so three single-thread processes sharing 2 cores finish sooner than three
+    runs one after another with both (2-core box, CPU preset: 165 s of training against
+    about 200 s). On CUDA one model at a time fills the GPU."""
+    return len(POSITIONS) if device == "cpu" and cores >= 2 else 1
+
+
 def run_demo(out: str | os.PathLike = "out/demo", device: str = "cpu", seed: int = 0, *, preset: str | None = None,
              config: DemoConfig | None = None, workers: int | None = None, progress: bool = True) -> dict:
     """Train NoPE, RoPE and Selective RoPE GLAs on parity; print a table, write
@@ -601,8 +611,10 @@ def run_demo(out: str | os.PathLike = "out/demo", device: str = "cpu", seed: int
         preset: ``"cpu"`` or ``"cuda"`` (default: the device's); ignored when ``config`` is given.
         config: a :class:`DemoConfig` to run instead of a preset (tests use a tiny one).
         workers: how many models train at once, each in its own process with
-            ``cores // workers`` threads (default: 1 on CUDA; on the CPU, 1 as well:
-            sequential with every core was faster than parallel processes on 2 cores).
+            ``cores // workers`` threads (at least 1). Default (:func:`default_workers`):
+            1 on CUDA; on the CPU all three at once when there are 2 cores or more. The
+            worker processes import the calling script again, so a script must keep its
+            top level under ``if __name__ == "__main__":`` (as for any multiprocessing).
         progress: show a progress bar.
     """
     check_args(out, device, seed, preset, workers)
@@ -613,7 +625,7 @@ def run_demo(out: str | os.PathLike = "out/demo", device: str = "cpu", seed: int
     config.check()
     seed = int(seed)
     cores = os.cpu_count() or 1
-    workers = 1 if workers is None else workers
+    workers = default_workers(device, cores) if workers is None else workers
     threads = max(1, cores // workers)
     start, cpu_start = time.perf_counter(), _cpu_seconds()
 
@@ -622,14 +634,15 @@ def run_demo(out: str | os.PathLike = "out/demo", device: str = "cpu", seed: int
     runs = _train_all(config, seed, device, data, workers, threads, bar)
     bar.close()
 
-    cpu_children = _children_cpu_seconds()
+    # Workers count their own CPU time (fork-server children are not this process's children).
+    cpu_workers = sum(run["cpu_seconds"] for run in runs.values()) if workers > 1 else 0.0
     results = {
         "task": "parity",
         "group": GROUP,
         "train_len": config.train_len,
         "eval_len": config.eval_len,
         "seconds": round(time.perf_counter() - start, 3),
-        "cpu_seconds": round(_cpu_seconds() - cpu_start + cpu_children, 3),
+        "cpu_seconds": round(_cpu_seconds() - cpu_start + cpu_workers, 3),
         "device": device,
         "seed": seed,
         "preset": config.name,
@@ -653,7 +666,8 @@ def run_demo(out: str | os.PathLike = "out/demo", device: str = "cpu", seed: int
 
 
 def run_demo_seeds(out: str | os.PathLike = "out/demo", device: str = "cpu", seeds: Any = (0, 1, 2, 3, 4), *,
-                   preset: str | None = None, config: DemoConfig | None = None, progress: bool = True) -> dict:
+                   preset: str | None = None, config: DemoConfig | None = None, workers: int | None = None,
+                   progress: bool = True) -> dict:
     """:func:`run_demo` once per seed (into ``out/seed<N>``), then a summary across seeds:
     ``out/summary.json`` (each seed's sequence accuracies and targets, how many seeds meet
     all of them, wall time) and ``out/seeds.png`` (accuracy against length, every seed).
@@ -667,9 +681,10 @@ def run_demo_seeds(out: str | os.PathLike = "out/demo", device: str = "cpu", see
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be non-empty and distinct, got {seeds}")
     for seed in seeds:
-        check_args(out, device, seed, preset)
+        check_args(out, device, seed, preset, workers)
     start = time.perf_counter()
-    runs = {seed: run_demo(out=Path(out) / f"seed{seed}", device=device, seed=seed, preset=preset, config=config, progress=progress)
+    runs = {seed: run_demo(out=Path(out) / f"seed{seed}", device=device, seed=seed, preset=preset, config=config, workers=workers,
+                           progress=progress)
             for seed in seeds}
     per_seed = {str(seed): {"seq_acc": {kind: run["results"][kind]["seq_acc"] for kind in POSITIONS},
                             "targets": run["targets"], "meets_all": all(run["targets"].values()), "seconds": run["seconds"]}
@@ -747,22 +762,25 @@ def _train_all(config: DemoConfig, seed: int, device: str, data: dict, workers: 
         finally:
             torch.set_num_threads(old)
 
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools have started is unsafe
+    ctx = _process_context()
     messages = ctx.Queue()
     pending, runs, procs = list(POSITIONS), {}, {}
     while pending or procs:
         while pending and len(procs) < workers:
             kind = pending.pop(0)
             procs[kind] = ctx.Process(target=_worker, args=(kind, config, seed, device, threads, data, messages), daemon=True)
-            procs[kind].start()
+            try:
+                procs[kind].start()
+            except (BrokenPipeError, ConnectionError, EOFError) as error:
+                _stop(procs)
+                raise RuntimeError(f"could not start the demo worker for {kind} ({error}); {_WORKER_HINT}") from error
         try:
             message = messages.get(timeout=1.0)
         except queue.Empty:
             dead = [kind for kind, proc in procs.items() if not proc.is_alive() and kind not in runs]
             if dead:
-                raise RuntimeError(f"demo worker(s) for {dead} exited without a result")
+                _stop(procs)
+                raise RuntimeError(f"demo worker(s) for {dead} exited without a result (killed, or failed to start: {_WORKER_HINT})")
             continue
         if message[0] == "step":
             report(*message[1:])
@@ -770,15 +788,33 @@ def _train_all(config: DemoConfig, seed: int, device: str, data: dict, workers: 
             runs[message[1]] = message[2]
             procs.pop(message[1]).join()
         else:
-            for proc in procs.values():
-                proc.terminate()
+            _stop(procs)
             raise RuntimeError(f"demo worker for {message[1]} failed:\n{message[2]}")
     return runs
 
 
-def _children_cpu_seconds() -> float:
-    times = os.times()
-    return times.children_user + times.children_system
+_WORKER_HINT = ("worker processes import the main script again, so a script that calls run_demo with workers > 1 must keep "
+                "its top-level code under `if __name__ == \"__main__\":` (or pass workers=1)")
+
+
+def _stop(procs: dict) -> None:
+    for proc in procs.values():
+        if proc.is_alive():
+            proc.terminate()
+
+
+def _process_context():
+    """Worker processes from a fork server that has imported this module once (importing
+    torch and transformers takes ~7 s of CPU per process, which three spawned workers would
+    spend at the same time on the cores that train); plain ``spawn`` where there is no fork
+    server (Windows). Not ``fork``: forking after torch's thread pools have started is unsafe."""
+    import multiprocessing
+
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+        return ctx
+    return multiprocessing.get_context("spawn")
 
 
 def _progress(total: int, desc: str, enabled: bool):
