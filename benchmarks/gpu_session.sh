@@ -188,6 +188,18 @@ stage_gradlow() {  # the generator's backward products under autocast: profile, 
   run 240 python benchmarks/bench_model.py --preset gla-370m --out $R/model_h200.json
 }
 
+stage_verify() {  # the GPU tests and checks of the current tree, then the full op benchmark
+  run 120 python benchmarks/check_cuda_rotary.py --out $R/rotary_checks_h200.json
+  stage_gputests
+  run ${OP_LIMIT:-240} python benchmarks/bench_op.py --out $R/op_h200.json
+}
+
+stage_gputests() {  # every GPU test (one autotune candidate per kernel), its log and junit xml returned
+  run ${TEST_LIMIT:-450} $FAST -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA \
+    --junitxml=$R/pytest_gpu.xml > $R/pytest_gpu.log 2>&1
+  tail -n 5 $R/pytest_gpu.log
+}
+
 stage_op() {
   run ${OP_LIMIT:-240} python benchmarks/bench_op.py --out $R/op_h200.json
 }
