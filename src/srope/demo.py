@@ -594,8 +594,9 @@ def default_workers(device: str, cores: int) -> int:
 
     On the CPU the models are small enough that a second thread speeds one up by only
     about 1.4x, so three single-thread processes sharing 2 cores finish sooner than three
-    runs one after another with both (2-core box, CPU preset: 165 s of training against
-    about 200 s). On CUDA one model at a time fills the GPU."""
+    runs one after another with both (2-core box, CPU preset, seed 0 back to back: 203 s
+    against 222 s; seeds 0-4: 164-196 s against 175-207 s). On CUDA one model at a time
+    fills the GPU."""
     return len(POSITIONS) if device == "cpu" and cores >= 2 else 1
 
 
