@@ -194,6 +194,18 @@ stage_verify() {  # the GPU tests and checks of the current tree, then the full 
   run ${OP_LIMIT:-240} python benchmarks/bench_op.py --out $R/op_h200.json
 }
 
+stage_light() {  # the light kernels walked token by token: checks, GPU tests, the op benchmark, their tiles
+  stage_verify
+  run 200 python benchmarks/tune_rotation.py --light-only --shapes 0,1,2 --budget-s 150 --out $R/tune_rotation_light_h200.json
+}
+
+stage_final3() {  # after the light kernels' tile change: GPU tests, the op benchmark, the GLA layer and the model
+  stage_gputests
+  run ${OP_LIMIT:-240} python benchmarks/bench_op.py --out $R/op_h200.json
+  stage_gatelayer
+  stage_gatemodel
+}
+
 stage_gputests() {  # every GPU test (one autotune candidate per kernel), its log and junit xml returned
   run ${TEST_LIMIT:-450} $FAST -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA \
     --junitxml=$R/pytest_gpu.xml > $R/pytest_gpu.log 2>&1

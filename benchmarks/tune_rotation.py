@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", default="0,1,2,3", help="indices into SHAPES")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting measurements after this")
+    parser.add_argument("--light-only", action="store_true", help="sweep only the light kernels' tiles")
     args = parser.parse_args()
 
     from srope.ops import reference
@@ -75,7 +76,7 @@ def main() -> None:
             if tile:
                 ops._tile = lambda bt, br: {"ST": tile[0], "num_warps": tile[1]}
             if light:
-                ops._light_tile = lambda bt, br, hk: {"HPP": light[0], "CPP": light[1], "num_warps": light[2]}
+                ops._light_tile = lambda *_shape: {"HPP": light[0], "CPP": light[1], "num_warps": light[2]}
             if not fast:
                 ops.FAST_SCAN_DTYPES = ()
             leaves = (q, k, phi) if phi_grad else (q, k)
@@ -101,11 +102,14 @@ def main() -> None:
         measure("srope", default)
         measure("srope", default, fast=False)
         measure("srope", default, phi_grad=False)
-        for block_t in sorted({max(16, default // 2), default, 2 * default}):
+        for block_t in () if args.light_only else sorted({max(16, default // 2), default, 2 * default}):
             for st, warps in itertools.product(sorted({min(block_t, 64), min(block_t, 32), 16}), (4, 8)):
                 sweeps.append(functools.partial(measure, "srope", block_t, tile=(st, warps)))
-        for hpp, cpp, warps in ((1, 4, 4), (4, 1, 4), (4, 2, 4), (4, 4, 4), (4, 2, 8), (4, 4, 8)):
-            sweeps.append(functools.partial(measure, "srope", default, light=(min(hpp, heads), cpp, warps)))
+        # (key heads, chunks, warps) per program of the light kernels: HPP·CPP·R channels per token step
+        lights = {(min(hpp, heads), cpp, warps) for hpp, cpp, warps in (
+            (4, 2, 4), (4, 4, 4), (4, 4, 8), (4, 8, 8), (4, 16, 8), (16, 1, 4), (16, 1, 8), (16, 2, 8), (16, 4, 8))}
+        for light in sorted(lights):
+            sweeps.append(functools.partial(measure, "srope", default, light=light))
     for sweep in sweeps:
         sweep()
     write_json(args.out, report)

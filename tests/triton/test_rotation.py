@@ -28,8 +28,11 @@ SHAPES = [
     (2, 13, 4, 2, 10, 3, None, 4),  # GQA, odd R, partial rotary (2R = 6 < D = 10)
     (3, 37, 2, 1, 6, 3, None, 8),  # T not a multiple of the block: 5 chunks
     (1, 23, 2, 1, 8, 4, [0, 5, 5, 6, 12, 23], 4),  # packed: empty and one-token sequences
+    # many chunks per sequence: 35 (the last partial); packed, 1 to 33 and an empty sequence
+    (2, 69, 2, 2, 4, 2, None, 2),
+    (1, 150, 2, 1, 6, 3, [0, 1, 38, 38, 103, 150], 2),
 ]
-IDS = ["T1", "oddT", "gqa-oddR-partial", "chunks", "packed"]
+IDS = ["T1", "oddT", "gqa-oddR-partial", "chunks", "packed", "many-chunks", "many-chunks-packed"]
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
 NAMES = ("q", "k", "phi", "temperature", "offset")
 

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from srope.ops.conv import ACTIVATIONS
-from srope.ops.triton.kernels import _exp, _out, _rotate_heads_fwd, _sincos, _wrap
+from srope.ops.triton.kernels import _exp, _load_halves, _out, _rotate_heads_fwd, _sincos, _wrap
 from srope.ops.triton.ops import interpreting, on_device
 
 GATE_NONE, GATE_HEAD, GATE_CHANNEL = 0, 1, 2
@@ -81,8 +81,11 @@ def decode_step_kernel(
     cos, sin = _sincos(_wrap(theta * total).to(CD)[None, :], PRECISE)  # [1, BR]
     t = tl.zeros([1], dtype=tl.int64)
     mt = t == 0
-    _rotate_heads_fwd(q, q_out, q_n, 0, q_h, q_n, 0, q_h, n, t, mt, hk * G, G, cos, sin, rr, mr, R, P, BP, CD)
-    _rotate_heads_fwd(k, k_out, k_n, 0, k_h, k_n, 0, k_h, n, t, mt, hk, 1, cos, sin, rr, mr, R, P, BP, CD)
+    m = mt[:, None] & mr[None, :]
+    q1, q2 = _load_halves(q, q_n, 0, q_h, n, t, hk * G, rr, m, R, CD)
+    k1, k2 = _load_halves(k, k_n, 0, k_h, n, t, hk, rr, m, R, CD)
+    _rotate_heads_fwd(q, q_out, q_n, 0, q_h, q_n, 0, q_h, n, t, mt, hk * G, G, cos, sin, rr, mr, q1, q2, R, P, BP, CD)
+    _rotate_heads_fwd(k, k_out, k_n, 0, k_h, k_n, 0, k_h, n, t, mt, hk, 1, cos, sin, rr, mr, k1, k2, R, P, BP, CD)
 
 
 @triton.jit

@@ -43,6 +43,8 @@ TWO_PI = tl.constexpr(2.0 * math.pi)
 INV_TWO_PI = tl.constexpr(1.0 / (2.0 * math.pi))
 # Read when the kernels are decorated, like Triton's own interpreter switch.
 INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+# Tokens per unrolled step of the light kernels (loads in flight per thread; 32 spilled)
+LIGHT_UNROLL = tl.constexpr(8)
 
 
 @triton.jit
@@ -133,58 +135,67 @@ def _chunk_range(n, NT, cu_chunks, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _load_halves(ptr, s_b, s_t, s_h, b, t, h, rr, m, R: tl.constexpr, CD: tl.constexpr):
+    """The two rotated halves ``[ST, BR]`` of head ``h`` of ``ptr`` over tokens ``t``, in ``CD``."""
+    p = ptr + b * s_b + t[:, None] * s_t + h * s_h
+    return tl.load(p + rr[None, :], mask=m, other=0.0).to(CD), tl.load(p + R + rr[None, :], mask=m, other=0.0).to(CD)
+
+
+@triton.jit
+def _copy_rest(src, dst, mt, R: tl.constexpr, P: tl.constexpr, BP: tl.constexpr):
+    """Copy the ``P`` unrotated channels after the ``2R`` rotated ones (``src``/``dst``: ``[ST, 1]`` row pointers)."""
+    if P > 0:
+        rp = tl.arange(0, BP)
+        mp = mt[:, None] & (rp < P)[None, :]
+        tl.store(dst + 2 * R + rp[None, :], _out(tl.load(src + 2 * R + rp[None, :], mask=mp, other=0.0), dst), mask=mp)
+
+
+@triton.jit
 def _rotate_heads_fwd(
-    src, dst, s_b, s_t, s_h, d_b, d_t, d_h, b, t, mt, h0, NH, cos, sin, rr, mr,
+    src, dst, s_b, s_t, s_h, d_b, d_t, d_h, b, t, mt, h0, NH, cos, sin, rr, mr, x1, x2,
     R: tl.constexpr, P: tl.constexpr, BP: tl.constexpr, CD: tl.constexpr,
 ):
-    """Rotate heads ``h0 .. h0+NH-1`` of ``src`` by (cos, sin) ``[BT, BR]`` into ``dst``."""
+    """Rotate heads ``h0 .. h0+NH-1`` of ``src`` by (cos, sin) ``[ST, BR]`` into ``dst``.
+
+    ``x1, x2``: head ``h0``'s halves (:func:`_load_halves`), which the caller loads before
+    it forms the angles, so that those loads are in flight while sin/cos are computed
+    (H200, 8x4096x4x128 bf16, each kernel alone: the forward 0.053 -> 0.047 ms, the
+    backward 0.086 -> 0.078)."""
     m = mt[:, None] & mr[None, :]
     row_s = b * s_b + t[:, None] * s_t
     row_d = b * d_b + t[:, None] * d_t
     for g in range(NH):
         h = h0 + g
-        ps = src + row_s + h * s_h
+        if g > 0:
+            x1, x2 = _load_halves(src, s_b, s_t, s_h, b, t, h, rr, m, R, CD)
         pd = dst + row_d + h * d_h
-        x1 = tl.load(ps + rr[None, :], mask=m, other=0.0).to(CD)
-        x2 = tl.load(ps + R + rr[None, :], mask=m, other=0.0).to(CD)
         tl.store(pd + rr[None, :], _out(x1 * cos - x2 * sin, dst), mask=m)
         tl.store(pd + R + rr[None, :], _out(x1 * sin + x2 * cos, dst), mask=m)
-        if P > 0:
-            rp = tl.arange(0, BP)
-            mp = mt[:, None] & (rp < P)[None, :]
-            rest = tl.load(ps + 2 * R + rp[None, :], mask=mp, other=0.0)
-            tl.store(pd + 2 * R + rp[None, :], _out(rest, dst), mask=mp)
+        _copy_rest(src + row_s + h * s_h, pd, mt, R, P, BP)
 
 
 @triton.jit
 def _rotate_heads_bwd(
     x_ptr, g_ptr, dx_ptr, x_b, x_t, x_h, g_b, g_t, g_h, d_b, d_t, d_h, b, t, mt, h0, NH, cos, sin, rr, mr,
-    acc_a, acc_b, R: tl.constexpr, P: tl.constexpr, BP: tl.constexpr, CD: tl.constexpr,
+    x1, x2, g1, g2, acc_a, acc_b, R: tl.constexpr, P: tl.constexpr, BP: tl.constexpr, CD: tl.constexpr,
 ):
     """Inverse-rotate the gradients of heads ``h0 ..``; accumulate, per pair,
-    ``a += g2·x1 - g1·x2`` and ``b += g1·x1 + g2·x2`` (then dL/dangle = cos·a - sin·b)."""
+    ``a += g2·x1 - g1·x2`` and ``b += g1·x1 + g2·x2`` (then dL/dangle = cos·a - sin·b).
+    ``x1, x2, g1, g2``: head ``h0``'s halves, loaded by the caller before the angles."""
     m = mt[:, None] & mr[None, :]
-    row_x = b * x_b + t[:, None] * x_t
     row_g = b * g_b + t[:, None] * g_t
     row_d = b * d_b + t[:, None] * d_t
     for j in range(NH):
         h = h0 + j
-        px = x_ptr + row_x + h * x_h
-        pg = g_ptr + row_g + h * g_h
+        if j > 0:
+            x1, x2 = _load_halves(x_ptr, x_b, x_t, x_h, b, t, h, rr, m, R, CD)
+            g1, g2 = _load_halves(g_ptr, g_b, g_t, g_h, b, t, h, rr, m, R, CD)
         pd = dx_ptr + row_d + h * d_h
-        x1 = tl.load(px + rr[None, :], mask=m, other=0.0).to(CD)
-        x2 = tl.load(px + R + rr[None, :], mask=m, other=0.0).to(CD)
-        g1 = tl.load(pg + rr[None, :], mask=m, other=0.0).to(CD)
-        g2 = tl.load(pg + R + rr[None, :], mask=m, other=0.0).to(CD)
         tl.store(pd + rr[None, :], _out(g1 * cos + g2 * sin, dx_ptr), mask=m)
         tl.store(pd + R + rr[None, :], _out(g2 * cos - g1 * sin, dx_ptr), mask=m)
         acc_a += g2 * x1 - g1 * x2
         acc_b += g1 * x1 + g2 * x2
-        if P > 0:
-            rp = tl.arange(0, BP)
-            mp = mt[:, None] & (rp < P)[None, :]
-            rest = tl.load(pg + 2 * R + rp[None, :], mask=mp, other=0.0)
-            tl.store(pd + 2 * R + rp[None, :], _out(rest, dx_ptr), mask=mp)
+        _copy_rest(g_ptr + row_g + h * g_h, pd, mt, R, P, BP)
     return acc_a, acc_b
 
 
@@ -221,19 +232,19 @@ def _selective_angles(phi, p_b, p_t, p_h, b, t, mt, hk, rr, mr, theta, start, ca
 @triton.jit
 def _light_block(pid, hb, S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk: tl.constexpr, R: tl.constexpr,
                 BT: tl.constexpr, CPP: tl.constexpr, HPP: tl.constexpr, BR: tl.constexpr, VARLEN: tl.constexpr):
-    """Chunk slots ``[CPP]``, batch rows, tokens ``[CPP, BT]``, heads and pairs ``[HPP·BR]``
-    and the masks of one light-kernel program: ``CPP`` chunks × ``HPP`` key heads, so that
-    a program reads whole contiguous rows of ``[.., Hk, R]`` tensors."""
+    """Chunk slots ``[CPP]``, their batch rows, first and end tokens and validity, and the
+    channels ``[HPP·BR]`` (heads, pairs, mask) of one light-kernel program: ``CPP`` chunks ×
+    ``HPP`` key heads, walked one token of every chunk at a time, so that each load is
+    ``CPP`` whole contiguous rows of a ``[.., Hk, R]`` tensor and every sum over tokens stays
+    in the thread that holds the channel (no reduction across threads)."""
     slots = pid * CPP + tl.arange(0, CPP)
     b, t0, t_end, valid = _chunk_spans(slots, S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, BT, VARLEN)
     c = tl.arange(0, HPP * BR)
     h, r = hb * HPP + c // BR, c % BR
     mc = (h < Hk) & (r < R)
-    t = t0[:, None] + tl.arange(0, BT)[None, :]
-    m = (valid[:, None] & (t < t_end[:, None]))[:, :, None] & mc[None, None, :]
     slot_ch = (slots[:, None] * Hk + h[None, :]) * R + r[None, :]  # [CPP, HPP·BR] offsets in per-chunk tensors
     ms = (slots < S)[:, None] & mc[None, :]
-    return slots, b, t, h, r, m, valid, slot_ch, ms
+    return slots, b, t0, t_end, valid, h, r, mc, slot_ch, ms
 
 
 @triton.jit
@@ -242,14 +253,19 @@ def chunk_sum_kernel(
     Hk: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, CPP: tl.constexpr, HPP: tl.constexpr, BR: tl.constexpr,
     VARLEN: tl.constexpr,
 ):
-    """``sums[c, hk, :] = Σ_{t in chunk c} φ_t`` in float64 for ``CPP`` chunks and ``HPP``
-    key heads at once (a program per chunk and head would be too small to keep loads in
-    flight); unused slots of a packed batch get ``base = 0`` (so that every element of the
-    saved ``base`` is defined)."""
-    slots, b, t, h, r, m, valid, slot_ch, ms = _light_block(
+    """``sums[c, hk, :] = Σ_{t in chunk c} φ_t`` in float64 (tokens in order) for ``CPP``
+    chunks and ``HPP`` key heads at once; unused slots of a packed batch get ``base = 0``
+    (so that every element of the saved ``base`` is defined)."""
+    slots, b, t0, t_end, valid, h, r, mc, slot_ch, ms = _light_block(
         tl.program_id(0), tl.program_id(1), S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk, R, BT, CPP, HPP, BR, VARLEN)
-    x = tl.load(phi + b[:, None, None] * p_b + t[:, :, None] * p_t + (h * p_h + r)[None, None, :], mask=m, other=0.0)
-    tl.store(sums + slot_ch, tl.sum(x.to(tl.float64), 1), mask=ms & valid[:, None])
+    rows = phi + b[:, None] * p_b + (h * p_h + r)[None, :]
+    acc = tl.zeros(slot_ch.shape, dtype=tl.float64)
+    for step in range(0, BT, LIGHT_UNROLL):
+        for i in tl.static_range(min(BT, LIGHT_UNROLL)):
+            t = t0 + step + i
+            m = (valid & (t < t_end))[:, None] & mc[None, :]
+            acc += tl.load(rows + t[:, None] * p_t, mask=m, other=0.0).to(tl.float64)
+    tl.store(sums + slot_ch, acc, mask=ms & valid[:, None])
     tl.store(base + slot_ch, tl.zeros(slot_ch.shape, dtype=tl.float64), mask=ms & ~valid[:, None])
 
 
@@ -302,10 +318,13 @@ def srope_fwd_kernel(
         for s in range(0, BT, SUB):
             t = t0 + s + tl.arange(0, SUB)
             mt = t < t_end
+            m = mt[:, None] & mr[None, :]
+            q1, q2 = _load_halves(q, q_b, q_t, q_h, b, t, hk * G, rr, m, R, CD)
+            k1, k2 = _load_halves(k, k_b, k_t, k_h, b, t, hk, rr, m, R, CD)
             angle, _local, carry = _selective_angles(phi, p_b, p_t, p_h, b, t, mt, hk, rr, mr, theta, start, carry, CD, FAST)
             cos, sin = _sincos(angle, PRECISE)
-            _rotate_heads_fwd(q, q_out, q_b, q_t, q_h, qo_b, qo_t, qo_h, b, t, mt, hk * G, G, cos, sin, rr, mr, R, P, BP, CD)
-            _rotate_heads_fwd(k, k_out, k_b, k_t, k_h, ko_b, ko_t, ko_h, b, t, mt, hk, 1, cos, sin, rr, mr, R, P, BP, CD)
+            _rotate_heads_fwd(q, q_out, q_b, q_t, q_h, qo_b, qo_t, qo_h, b, t, mt, hk * G, G, cos, sin, rr, mr, q1, q2, R, P, BP, CD)
+            _rotate_heads_fwd(k, k_out, k_b, k_t, k_h, ko_b, ko_t, ko_h, b, t, mt, hk, 1, cos, sin, rr, mr, k1, k2, R, P, BP, CD)
 
 
 @triton.jit
@@ -336,17 +355,22 @@ def srope_bwd_kernel(
         for s in range(0, BT, SUB):
             t = t0 + s + tl.arange(0, SUB)
             mt = t < t_end
+            m = mt[:, None] & mr[None, :]
+            q1, q2 = _load_halves(q, q_b, q_t, q_h, b, t, hk * G, rr, m, R, CD)
+            gq1, gq2 = _load_halves(dq_out, gq_b, gq_t, gq_h, b, t, hk * G, rr, m, R, CD)
+            k1, k2 = _load_halves(k, k_b, k_t, k_h, b, t, hk, rr, m, R, CD)
+            gk1, gk2 = _load_halves(dk_out, gk_b, gk_t, gk_h, b, t, hk, rr, m, R, CD)
             angle, local, carry = _selective_angles(phi, p_b, p_t, p_h, b, t, mt, hk, rr, mr, theta, start, carry, CD, FAST)
             cos, sin = _sincos(angle, PRECISE)
             acc_a = tl.zeros([SUB, BR], dtype=CD)
             acc_b = tl.zeros([SUB, BR], dtype=CD)
             acc_a, acc_b = _rotate_heads_bwd(
                 q, dq_out, dq, q_b, q_t, q_h, gq_b, gq_t, gq_h, dq_b, dq_t, dq_h, b, t, mt, hk * G, G,
-                cos, sin, rr, mr, acc_a, acc_b, R, P, BP, CD,
+                cos, sin, rr, mr, q1, q2, gq1, gq2, acc_a, acc_b, R, P, BP, CD,
             )
             acc_a, acc_b = _rotate_heads_bwd(
                 k, dk_out, dk, k_b, k_t, k_h, gk_b, gk_t, gk_h, dk_b, dk_t, dk_h, b, t, mt, hk, 1,
-                cos, sin, rr, mr, acc_a, acc_b, R, P, BP, CD,
+                cos, sin, rr, mr, k1, k2, gk1, gk2, acc_a, acc_b, R, P, BP, CD,
             )
             d_angle = cos * acc_a - sin * acc_b  # zero on masked tokens and channels
             if STORE_DANGLE:
@@ -403,22 +427,23 @@ def dphi_kernel(
     VARLEN: tl.constexpr,
 ):
     """``dφ_t = Θ · Σ_{s ≥ t, same sequence} dL/dangle_s`` for ``CPP`` chunks and ``HPP`` key
-    heads at once: each chunk's reverse cumsum (float32 unless float64) plus the float64
-    carry from later chunks, rounded to float32 once."""
-    slots, b, t, h, r, m, valid, slot_ch, ms = _light_block(
+    heads at once: each chunk's tokens last to first, a running suffix (float32 unless
+    float64) plus the float64 carry from later chunks rounded to float32 once."""
+    slots, b, t0, t_end, valid, h, r, mc, slot_ch, ms = _light_block(
         tl.program_id(0), tl.program_id(1), S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk, R, BT, CPP, HPP, BR, VARLEN)
-    token = b[:, None] * T + t
-    x = tl.load(dangle + (token[:, :, None] * Hk + h[None, None, :]) * R + r[None, None, :], mask=m, other=0.0)
     after = tl.load(carry + slot_ch, mask=ms & valid[:, None], other=0.0)
-    theta = tl.load(temp + h * temp_h + r, mask=(h < Hk) & (r < R), other=0.0)
-    if x.dtype == tl.float64:
-        suffix = tl.cumsum(x, 1, reverse=True) + after[:, None, :]
-        theta = theta.to(tl.float64)
-    else:
-        suffix = tl.cumsum(x, 1, reverse=True) + after.to(tl.float32)[:, None, :]
-        theta = theta.to(tl.float32)
-    out = dphi + b[:, None, None] * d_b + t[:, :, None] * d_t + (h * d_h + r)[None, None, :]
-    tl.store(out, _out(theta[None, None, :] * suffix, dphi), mask=m)
+    theta = tl.load(temp + h * temp_h + r, mask=mc, other=0.0)
+    CD: tl.constexpr = dangle.dtype.element_ty
+    after, theta = after.to(CD), theta.to(CD)[None, :]
+    rows = dangle + (b[:, None] * T * Hk + h[None, :]) * R + r[None, :]
+    out = dphi + b[:, None] * d_b + (h * d_h + r)[None, :]
+    suffix = tl.zeros(slot_ch.shape, dtype=CD)
+    for step in range(0, BT, LIGHT_UNROLL):
+        for i in tl.static_range(min(BT, LIGHT_UNROLL)):
+            t = t0 + (BT - 1 - step - i)
+            m = (valid & (t < t_end))[:, None] & mc[None, :]
+            suffix += tl.load(rows + t[:, None] * (Hk * R), mask=m, other=0.0)
+            tl.store(out + t[:, None] * d_t, _out(theta * (suffix + after), dphi), mask=m)
 
 
 @triton.jit
@@ -446,10 +471,13 @@ def rope_fwd_kernel(
     for s in range(0, BT, SUB):
         t = (pid_c % NT).to(tl.int64) * BT + s + tl.arange(0, SUB)
         mt = t < T
+        m = mt[:, None] & mr[None, :]
+        q1, q2 = _load_halves(q, q_b, q_t, q_h, b, t, hk * G, rr, m, R, CD)
+        k1, k2 = _load_halves(k, k_b, k_t, k_h, b, t, hk, rr, m, R, CD)
         angle, _positions = _rope_angles(pos, inv_freq, s_b, s_t, b, t, mt, rr, mr, CD)
         cos, sin = _sincos(angle, PRECISE)
-        _rotate_heads_fwd(q, q_out, q_b, q_t, q_h, qo_b, qo_t, qo_h, b, t, mt, hk * G, G, cos, sin, rr, mr, R, P, BP, CD)
-        _rotate_heads_fwd(k, k_out, k_b, k_t, k_h, ko_b, ko_t, ko_h, b, t, mt, hk, 1, cos, sin, rr, mr, R, P, BP, CD)
+        _rotate_heads_fwd(q, q_out, q_b, q_t, q_h, qo_b, qo_t, qo_h, b, t, mt, hk * G, G, cos, sin, rr, mr, q1, q2, R, P, BP, CD)
+        _rotate_heads_fwd(k, k_out, k_b, k_t, k_h, ko_b, ko_t, ko_h, b, t, mt, hk, 1, cos, sin, rr, mr, k1, k2, R, P, BP, CD)
 
 
 @triton.jit
@@ -473,17 +501,22 @@ def rope_bwd_kernel(
     for s in range(0, BT, SUB):
         t = (pid_c % NT).to(tl.int64) * BT + s + tl.arange(0, SUB)
         mt = t < T
+        m = mt[:, None] & mr[None, :]
+        q1, q2 = _load_halves(q, q_b, q_t, q_h, b, t, hk * G, rr, m, R, CD)
+        gq1, gq2 = _load_halves(dq_out, gq_b, gq_t, gq_h, b, t, hk * G, rr, m, R, CD)
+        k1, k2 = _load_halves(k, k_b, k_t, k_h, b, t, hk, rr, m, R, CD)
+        gk1, gk2 = _load_halves(dk_out, gk_b, gk_t, gk_h, b, t, hk, rr, m, R, CD)
         angle, p = _rope_angles(pos, inv_freq, s_b, s_t, b, t, mt, rr, mr, CD)
         cos, sin = _sincos(angle, PRECISE)
         acc_a = tl.zeros([SUB, BR], dtype=CD)
         acc_b = tl.zeros([SUB, BR], dtype=CD)
         acc_a, acc_b = _rotate_heads_bwd(
             q, dq_out, dq, q_b, q_t, q_h, gq_b, gq_t, gq_h, dq_b, dq_t, dq_h, b, t, mt, hk * G, G,
-            cos, sin, rr, mr, acc_a, acc_b, R, P, BP, CD,
+            cos, sin, rr, mr, q1, q2, gq1, gq2, acc_a, acc_b, R, P, BP, CD,
         )
         acc_a, acc_b = _rotate_heads_bwd(
             k, dk_out, dk, k_b, k_t, k_h, gk_b, gk_t, gk_h, dk_b, dk_t, dk_h, b, t, mt, hk, 1,
-            cos, sin, rr, mr, acc_a, acc_b, R, P, BP, CD,
+            cos, sin, rr, mr, k1, k2, gk1, gk2, acc_a, acc_b, R, P, BP, CD,
         )
         if FREQ_GRAD:
             part += tl.sum((cos * acc_a - sin * acc_b).to(tl.float64) * p[:, None], 0)

@@ -31,17 +31,22 @@ SCAN_ELEMENTS = 4096
 # profiler: 32-token chunks as one tile ran the forward in 0.055 ms, 64-token chunks as two
 # tiles of 32 in 0.092). Chunks hold about TILE_ELEMENTS (tokens x pairs, 4 warps): the
 # fastest of the tiles swept by benchmarks/tune_rotation.py at R = 64 (16 tokens) and
-# R = 32 (32 tokens). The light kernels take several chunks and key heads per program:
-# LIGHT_ELEMENTS for dphi, twice that for the chunk sums (8x4096x4x128: chunk sums 0.015 ->
-# 0.008 ms from 8192 to 16384 elements; dphi 0.023 -> 0.025). Under TRITON_INTERPRET=1 the rotation
+# R = 32 (32 tokens). The light kernels (chunk sums, dphi) take several chunks and key heads
+# per program and walk them one token at a time, LIGHT_ELEMENTS (chunks x heads x pairs) per
+# step; summing over a [chunks, tokens, channels] tile instead (a reduction across threads)
+# ran at 1.7-2.4 TB/s (H200, profiler: 16x4096x16x64 chunk sums 0.039 ms, dphi 0.083; now
+# 0.023 and 0.054). 512 channels, 4 warps: the best of the tiles tune_rotation.py --light-only
+# swept at the three large benchmark shapes (within 1% of the best at each).
+# Under TRITON_INTERPRET=1 the rotation
 # kernels walk their chunk in sub-tiles of INTERPRET_SUB_T tokens (the loop stays tested);
 # on the GPU, chunks longer than MAX_SUB_T tokens (block_t given) in sub-tiles of that many.
 TILE_ELEMENTS = 1024
 MAX_SUB_T = 64  # bounds the float32 in-tile phase scan (see kernels._selective_angles)
-LIGHT_ELEMENTS = 8192
+LIGHT_ELEMENTS = 512
 INTERPRET_SUB_T = 8
-# ptxas left the forward rotation and the chunk sums at 96 / 80 registers with 8 / 48 bytes
-# of spills (sm_90, R = 64, bf16); allowing up to 255 removes them (tests/triton/compile_sm90.py).
+# ptxas left the chunk sums at 80 registers with 48 bytes of spills (sm_90, R = 64, bf16);
+# allowing up to 255 removes them (tests/triton/compile_sm90.py). The rotation kernels keep
+# ptxas's default: with 255 the forward took 6% longer (H200, 8x4096x4x128 bf16, alone).
 NO_SPILL = {"maxnreg": 255}
 # q/k dtypes whose rotation forms angles with a float32 in-tile scan (kernels._selective_angles).
 FAST_SCAN_DTYPES = (torch.bfloat16, torch.float16)
@@ -89,9 +94,9 @@ def _scan_tile(chunks_per_sequence: int, block_r: int) -> dict:
 
 def _light_tile(block_t: int, block_r: int, key_heads: int, elements: int = LIGHT_ELEMENTS) -> dict:
     """Key heads (HPP) and chunks (CPP) per program and warps of the chunk-sum and dphi
-    kernels: about ``elements`` elements, whole [Hk, R] rows where they fit."""
-    heads = min(triton.next_power_of_2(key_heads), max(1, elements // (block_t * block_r)))
-    return {"HPP": heads, "CPP": max(1, elements // (block_t * heads * block_r)), "num_warps": 4}
+    kernels: about ``elements`` channels per token step, whole [Hk, R] rows where they fit."""
+    heads = min(triton.next_power_of_2(key_heads), max(1, elements // block_r))
+    return {"HPP": heads, "CPP": max(1, elements // (heads * block_r)), "num_warps": 4}
 
 
 def _no_spill() -> dict:
@@ -211,7 +216,7 @@ def selective_rope_fwd(
     meta = _selective_meta(q, k, pairs, block_t, phi, temperature)
     table = (cu_seqlens, chunk_seq, cu_chunks) if varlen else (sums, sums, sums)
     temp_h = pairs if temperature.dim() == 2 else 0
-    light = _light_tile(block_t, meta["BR"], key_heads, 2 * LIGHT_ELEMENTS)
+    light = _light_tile(block_t, meta["BR"], key_heads)
     if slots > 0:
         kernels.chunk_sum_kernel[(triton.cdiv(slots, light["CPP"]), triton.cdiv(key_heads, light["HPP"]))](
             phi, sums, base, *_bth(phi), length, per_row, count, slots, *table,
@@ -226,7 +231,7 @@ def selective_rope_fwd(
         kernels.srope_fwd_kernel[(slots, key_heads)](
             q, k, phi, temperature, base, q_out, k_out,
             *_bth(q), *_bth(k), *_bth(q_out), *_bth(k_out), *_bth(phi), temp_h,
-            length, per_row, count, *table, Hk=key_heads, VARLEN=varlen, **meta, **_no_spill(),
+            length, per_row, count, *table, Hk=key_heads, VARLEN=varlen, **meta,
         )
     return q_out, k_out, final, base
 
