@@ -43,7 +43,8 @@ TWO_PI = tl.constexpr(2.0 * math.pi)
 INV_TWO_PI = tl.constexpr(1.0 / (2.0 * math.pi))
 # Read when the kernels are decorated, like Triton's own interpreter switch.
 INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
-# Tokens per unrolled step of the light kernels (loads in flight per thread; 32 spilled)
+# Tokens per unrolled step of the light kernels: that many loads in flight per thread (an
+# unroll of 32 spilled registers at 32-token chunks, sm_90)
 LIGHT_UNROLL = tl.constexpr(8)
 
 
