@@ -127,7 +127,7 @@ stage_cpuscreen() {  # a demo recipe screen on the host's CPUs: SCREEN_VARIANTS,
 }
 
 stage_gatetest() {  # the fused head gate compiled: its tests and the projection gradient's, then every GPU test
-  run 150 python -m pytest tests/triton/test_head_gate.py tests/triton/test_projection_grad.py -q -p no:cacheprovider -rA \
+  run 150 python -m pytest tests/triton/test_head_gate.py tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA \
     --junitxml=$R/pytest_gpu_head_gate.xml
   run 240 python -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
 }
@@ -160,7 +160,7 @@ stage_final2() {  # the CUDA demo preset with the CPU preset's projection gain, 
   run ${DEMO_LIMIT:-240} $FAST benchmarks/screen_demo.py --full '{"selective_rope": {"projection_gain": 8}}' --preset cuda \
     --device cuda --out $R/demo_cuda_gain8
   run 240 $FAST -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
-  run 100 python -m pytest tests/triton/test_projection_grad.py -q -p no:cacheprovider -rA
+  run 100 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA
 }
 
 stage_cudavariant() {  # one whole CUDA demo of a variant: CUDA_VARIANT (JSON overrides of the cuda preset) -> CUDA_VARIANT_OUT
@@ -170,13 +170,13 @@ stage_cudavariant() {  # one whole CUDA demo of a variant: CUDA_VARIANT (JSON ov
 
 stage_fusedgrad() {  # the generator's fused input gradient: tiles against torch, its GPU tests, then gradlow
   run 120 python benchmarks/tune_projection_grad.py --out $R/tune_projection_grad_h200.json
-  run 200 python -m pytest tests/triton/test_projection_grad.py -q -p no:cacheprovider -rA
+  run 200 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA
   stage_gradlow
 }
 
 stage_foldgrad() {  # dz and the norm's coefficient folded into the fused input gradient: tiles, GPU tests, then gradlow and the model checks
   run 150 python benchmarks/tune_projection_grad.py --out $R/tune_projection_grad_h200.json
-  run 100 python -m pytest tests/triton/test_projection_grad.py -q -p no:cacheprovider
+  run 100 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider
   run 200 $FAST -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu.xml
   stage_gradlow
   stage_models
@@ -203,6 +203,31 @@ stage_final3() {  # after the light kernels' tile change: GPU tests, the op benc
   stage_gputests
   run ${OP_LIMIT:-240} python benchmarks/bench_op.py --out $R/op_h200.json
   stage_gatelayer
+  stage_gatemodel
+}
+
+stage_genfwd() {  # the generator projection's float32 forward on tensor cores: its tests and tiles, the scans' tiles, the GLA layer, every GPU test
+  run 150 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu_projection.xml
+  run 120 python benchmarks/tune_projection_grad.py --out $R/tune_projection_h200.json
+  run 130 python benchmarks/tune_rotation.py --scan-only --shapes 1,0 --budget-s 100 --out $R/tune_rotation_scan_h200.json
+  run 150 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
+  stage_gatelayer
+}
+
+stage_genfwd2() {  # the forward's products from fresh accumulators per chunk: its tests and tiles
+  run 150 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu_projection.xml
+  run 120 python benchmarks/tune_projection_grad.py --out $R/tune_projection_h200.json
+}
+
+stage_final4a() {  # the final code: rotation checks, every GPU test, the op benchmark
+  run 120 python benchmarks/check_cuda_rotary.py --out $R/rotary_checks_h200.json
+  stage_gputests
+  run ${OP_LIMIT:-240} python benchmarks/bench_op.py --out $R/op_h200.json
+}
+
+stage_final4b() {  # the final code: the GLA layer with each PE, its profile, gla-370m training and decoding
+  stage_gatelayer
+  run 150 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
   stage_gatemodel
 }
 

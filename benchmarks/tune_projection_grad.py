@@ -1,8 +1,12 @@
-"""GPU time of the generator projection's fused input gradient (srope.ops.triton.projection)
-per tile configuration, against the torch route it replaces: ``dz = r·dy`` and the norm's
-coefficient from dy and y, the casts, the cuBLAS bf16 product written in place, the
-mixed-dtype add of the norm's term, the cast of x. The forward (norm reduction, cuBLAS
-float32 product, broadcasting multiply) is timed too, as the context of the backward.
+"""GPU time of the generator projection's Triton kernels (srope.ops.triton.projection) per
+tile configuration, against the torch routes they replace.
+
+- Forward: the norm reduction, the cuBLAS float32 product, the broadcasting multiply;
+  against the split-float16 kernel (with its weight split), both with their error
+  against float64.
+- Input gradient: ``dz = r·dy`` and the norm's coefficient from dy and y, the casts, the
+  cuBLAS bf16 product written in place, the mixed-dtype add of the norm's term, the cast
+  of x; against the fused kernel.
 
 At the GLA-370M generator's shape (8 × 4096 tokens, 4 heads, chunk 256, 64 pairs + 4 gate
 logits), kernel time from ``torch.profiler`` (mean of 5 calls after a warm-up), with the
@@ -24,18 +28,20 @@ from benchmarks.common import environment, write_json
 from srope.ops.triton import projection as fused
 
 GRAD_TILES = ((64, 128, 16, 8), (64, 64, 32, 8), (128, 64, 16, 8), (64, 256, 16, 8), (32, 256, 16, 8), (64, 128, 32, 8))
+# (BN, BK, warps): those ptxas compiles for sm_90 without spills at this shape
+FORWARD_TILES = ((128, 32, 8), (64, 32, 4), (128, 16, 8), (64, 16, 4), (64, 64, 4), (64, 32, 8), (256, 16, 8))
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def measure(name: str, fn, reference, moved: int, report: dict, out: str) -> None:
+def measure(name: str, fn, reference, moved: int, report: dict, out: str, against: str = "torch") -> None:
     try:
         result = fn()
         timing = kernel_time(fn)
         row = {"impl": name, "kernel_ms": round(timing["kernel_ms"], 4), "gb_per_s": round(moved / timing["kernel_ms"] / 1e6, 1),
-               "rel_err_vs_torch": [rel(a, b) for a, b in zip(result, reference) if a is not None]}
+               f"rel_err_vs_{against}": [rel(a, b) for a, b in zip(result, reference) if a is not None]}
     except Exception as error:  # noqa: BLE001 - recorded, the others still run
         row = {"impl": name, "error": repr(error)[-300:]}
     print(row, flush=True)
@@ -43,14 +49,14 @@ def measure(name: str, fn, reference, moved: int, report: dict, out: str) -> Non
     write_json(out, report)
 
 
-def with_tile(tile, fn):
+def with_tile(tile, fn, name="GRAD_TILE"):
     def run():
-        saved = fused.GRAD_TILE
-        fused.GRAD_TILE = tile
+        saved = getattr(fused, name)
+        setattr(fused, name, tile)
         try:
             return fn()
         finally:
-            fused.GRAD_TILE = saved
+            setattr(fused, name, saved)
     return run
 
 
@@ -71,7 +77,13 @@ def main() -> None:
 
     y, inv_norm = torch_forward()
     forward_bytes = x.numel() * 4 + y.numel() * 4 + inv_norm.numel() * 4
-    measure("forward torch", torch_forward, (y, inv_norm), forward_bytes, report, args.out)
+    r64 = torch.rsqrt(x.double().square().sum(-1) + eps)
+    exact = (torch.einsum("nhi,him->nhm", x.double() * r64[..., None], weight.double()), r64)
+    measure("forward torch", torch_forward, exact, forward_bytes, report, args.out, "float64")
+    for tile in FORWARD_TILES:
+        measure(f"forward fused {tile}", with_tile(tile, lambda: fused._forward_op(x, weight, eps), "FORWARD_TILE"),
+                exact, forward_bytes, report, args.out, "float64")
+    del exact, r64
 
     weight_low = weight.to(torch.bfloat16)
 

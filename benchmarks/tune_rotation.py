@@ -5,7 +5,8 @@ mean of 5 calls after a warm-up) per configuration and every kernel's time recor
 the HBM rate its own bytes imply. Swept separately, since a kernel's time does not depend
 on the other kernels' tiles: the rotation kernels' chunk length, sub-tile and warps (and
 the float32 in-tile scan against the float64 one), the light kernels' chunks per program
-and warps, and the backward without the phi gradient (no dL/dangle scratch). Our RoPE
+and warps, the chunk scans' steps and channels per program (``--scan-only``), and the
+backward without the phi gradient (no dL/dangle scratch). Our RoPE
 kernels give the same-bytes reference. Results: JSON (``--out``), written as they come.
 
     python benchmarks/tune_rotation.py --out tune.json
@@ -19,6 +20,7 @@ import itertools
 import time
 
 import torch
+import triton
 
 from benchmarks.bench_op import kernel_time
 from benchmarks.common import environment, write_json
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="0,1,2,3", help="indices into SHAPES")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting measurements after this")
     parser.add_argument("--light-only", action="store_true", help="sweep only the light kernels' tiles")
+    parser.add_argument("--scan-only", action="store_true", help="sweep only the chunk scans' tiles")
     args = parser.parse_args()
 
     from srope.ops import reference
@@ -51,7 +54,7 @@ def main() -> None:
 
     start = time.perf_counter()
     report = {"environment": environment(), "runs": []}
-    defaults = {name: getattr(ops, name) for name in ("_tile", "_light_tile", "FAST_SCAN_DTYPES")}
+    defaults = {name: getattr(ops, name) for name in ("_tile", "_light_tile", "_scan_tile", "FAST_SCAN_DTYPES")}
 
     sweeps = []
     for index in (int(i) for i in args.shapes.split(",")):
@@ -67,7 +70,7 @@ def main() -> None:
         inv_freq = reference.rope_inverse_frequencies(dim, THETA).cuda()
         default = ops.default_block_t(batch, length, heads, pairs)
 
-        def measure(kind, block_t, *, tile=None, light=None, fast=True, phi_grad=True,
+        def measure(kind, block_t, *, tile=None, light=None, scan=None, fast=True, phi_grad=True,
                     shape=shape, q=q, k=k, phi=phi, temperature=temperature, grads=grads, positions=positions, inv_freq=inv_freq):
             if time.perf_counter() - start > args.budget_s:
                 return
@@ -77,6 +80,8 @@ def main() -> None:
                 ops._tile = lambda bt, br: {"ST": tile[0], "num_warps": tile[1]}
             if light:
                 ops._light_tile = lambda *_shape: {"HPP": light[0], "CPP": light[1], "num_warps": light[2]}
+            if scan:
+                ops._scan_tile = lambda *_shape: {"BC": scan[0], "BRS": scan[1], "num_warps": scan[2]}
             if not fast:
                 ops.FAST_SCAN_DTYPES = ()
             leaves = (q, k, phi) if phi_grad else (q, k)
@@ -85,14 +90,15 @@ def main() -> None:
             else:
                 fn = lambda: torch.autograd.grad(  # noqa: E731
                     ops.selective_rope_triton(q, k, phi if phi_grad else phi.detach(), temperature, block_t=block_t)[:2], leaves, grads)
-            row = {"shape": shape, "kind": kind, "block_t": block_t, "tile": tile, "light": light, "fast": fast, "phi_grad": phi_grad}
+            row = {"shape": shape, "kind": kind, "block_t": block_t, "tile": tile, "light": light, "scan": scan, "fast": fast,
+                   "phi_grad": phi_grad}
             try:
                 row["kernels"] = profile_kernels(fn)
             except Exception as error:  # noqa: BLE001 - e.g. out of resources for one config
                 row["error"] = repr(error)[:300]
             report["runs"].append(row)
             times = {n: t for n, t in row.get("kernels", {}).items() if "Fill" not in n}
-            print(f"[{time.perf_counter() - start:4.0f}s] {shape} {kind} bt {block_t} tile {tile} light {light} fast {fast} "
+            print(f"[{time.perf_counter() - start:4.0f}s] {shape} {kind} bt {block_t} tile {tile} light {light} scan {scan} fast {fast} "
                   f"phi_grad {phi_grad}: " + " ".join(f"{n.replace('_kernel', '')} {t:.4f}" for n, t in times.items())
                   + f" total {sum(row.get('kernels', {}).values()):.4f} {row.get('error', '')}", flush=True)
             write_json(args.out, report)
@@ -100,6 +106,14 @@ def main() -> None:
         # the shipped defaults first, for every shape; then the sweeps while the budget lasts
         measure("rope", default)
         measure("srope", default)
+        if args.scan_only:
+            # (chunks per step, channels per program, warps)
+            chunks = triton.cdiv(length, default)
+            for steps in sorted({min(4096, triton.next_power_of_2(chunks)), min(1024, triton.next_power_of_2(chunks))}):
+                for channels, warps in ((1, 8), (2, 8), (4, 8), (8, 8), (4, 4), (16, 8)):
+                    if steps * channels <= 32768:
+                        sweeps.append(functools.partial(measure, "srope", default, scan=(steps, channels, warps)))
+            continue
         measure("srope", default, fast=False)
         measure("srope", default, phi_grad=False)
         for block_t in () if args.light_only else sorted({max(16, default // 2), default, 2 * default}):

@@ -84,6 +84,10 @@ def record_launches() -> list:
     projection_grad.input_grad_kernel = Recorder(projection_grad.input_grad_kernel, "input_grad_kernel", calls)
     projection_grad._input_grad_op(torch.zeros(64, 4, 68), torch.zeros(64, 4, 68), torch.zeros(64, 4), torch.zeros(4, 256, 68, **bf16),
                                    torch.zeros(64, 4, 256), True)
+    # and its float32 forward (with the weight's split)
+    for name in ("split_weight_kernel", "forward_kernel"):
+        setattr(projection_grad, name, Recorder(getattr(projection_grad, name), name, calls))
+    projection_grad._forward_op(torch.zeros(64, 4, 256), torch.zeros(4, 256, 68), 1e-6)
     return calls
 
 

@@ -9,8 +9,9 @@ matrix, is split into slabs of :data:`SLAB` tokens so that it fills the GPU (one
 reduction ran on a few dozen thread blocks: 1.2 ms of the generator's 3.3 ms at
 8 × 4096 tokens on the H200).
 
-The forward always runs in the inputs' dtype (float32 or float64): the outputs become angle
-increments that are summed over the whole sequence. The backward's two products (input and
+The forward always runs to the accuracy of the inputs' dtype (float32 or float64): the outputs
+become angle increments that are summed over the whole sequence. (On CUDA the float32 one
+runs on tensor cores with split float16 operands, float32-accurate: srope.ops.triton.projection.) The backward's two products (input and
 weight gradients) may run in a lower ``grad_dtype`` (bfloat16 under autocast, as autocast
 runs every other matmul of the backward), accumulated and returned in the inputs' dtype:
 a gradient's rounding does not accumulate along the sequence.
@@ -21,8 +22,8 @@ from __future__ import annotations
 import torch
 
 SLAB = 2048  # tokens per partial weight gradient
-# On CUDA, the low-precision backward's input gradient runs as one Triton kernel
-# (srope.ops.triton.projection); False takes the torch route (the tests compare the two).
+# On CUDA, the float32 forward and the low-precision backward's input gradient run as Triton
+# kernels (srope.ops.triton.projection); False takes the torch routes (the tests compare them).
 FUSED = True
 
 
@@ -47,13 +48,18 @@ def _weight_grad(x: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
 class _NormalizedHeadProjection(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype) -> torch.Tensor:
-        inv_norm = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() + eps)  # [N, H]
-        # Written in [N, H, M] order (cuBLAS takes the strides): the scaling below and every
-        # reader downstream then see contiguous memory (a [H, N, M] product cost two
-        # non-vectorised copies and a strided multiply, 0.09 ms at 32768 tokens x 4 x 68).
-        y = torch.empty(x.shape[0], x.shape[1], weight.shape[2], dtype=x.dtype, device=x.device)
-        torch.bmm(x.transpose(0, 1), weight, out=y.transpose(0, 1))
-        y.mul_(inv_norm[..., None])
+        if FUSED and x.is_cuda and x.dtype == torch.float32:
+            from srope.ops.triton.projection import projection_forward
+
+            y, inv_norm = projection_forward(x, weight, eps)
+        else:
+            inv_norm = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() + eps)  # [N, H]
+            # Written in [N, H, M] order (cuBLAS takes the strides): the scaling below and every
+            # reader downstream then see contiguous memory (a [H, N, M] product cost two
+            # non-vectorised copies and a strided multiply, 0.09 ms at 32768 tokens x 4 x 68).
+            y = torch.empty(x.shape[0], x.shape[1], weight.shape[2], dtype=x.dtype, device=x.device)
+            torch.bmm(x.transpose(0, 1), weight, out=y.transpose(0, 1))
+            y.mul_(inv_norm[..., None])
         ctx.save_for_backward(x, weight, inv_norm, y)
         ctx.grad_dtype = grad_dtype
         return y

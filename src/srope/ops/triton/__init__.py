@@ -8,8 +8,8 @@ decode step) and fixed RoPE. They run on CUDA, or on the CPU under ``TRITON_INTE
   rotation of one token per sequence, for the ``SelectiveRoPE`` module's cached decoding;
   :func:`decode_generator_inputs`: the generator's inputs (ω map, gate) of that token from x.
 
-The generator's own kernels: ``projection.py`` (input gradient of its normalised per-head
-map) and ``head_gate.py`` (the standard gate around its conv), used by
+The generator's own kernels: ``projection.py`` (float32 forward and input gradient of its
+normalised per-head map) and ``head_gate.py`` (the standard gate around its conv), used by
 :mod:`srope.ops.projection` and ``SelectiveRoPE`` on CUDA.
 
 Design and numerics: ``kernels.py``; launches and ``torch.library`` registration: ``ops.py``.

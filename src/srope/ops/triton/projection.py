@@ -1,9 +1,29 @@
-"""Input gradient of the generator's normalised per-head projection, in one Triton kernel.
+"""The generator's normalised per-head projection as Triton kernels: forward and input gradient.
 
-The backward of :func:`srope.ops.projection.normalized_head_projection`
-(``y = r · x @ weight`` per token n and head h, ``r = (|x|² + ε)^(-1/2)``) with
-low-precision products (under autocast) needs, with ``dz = r · dy`` rounded to bf16/fp16
-and everything else in float32::
+:func:`srope.ops.projection.normalized_head_projection` computes ``y = r · x @ weight`` per
+token n and head h, ``r = (|x|² + ε)^(-1/2)``. On CUDA its float32 forward and its
+low-precision backward (under autocast) run here.
+
+**Forward** (:func:`projection_forward`), float32-accurate on tensor cores. Each program forms
+r from its tokens' head chunk, then reads the chunk again (from L2) in steps of BK inputs:
+x̂ = r·x (every |x̂_i| <= 1) split into two float16 parts ``hi + lo`` (22 bits), times the
+weight split the same way (each column first scaled by a power of two so that its largest
+entry is at most 1, undone exactly after): ``hi·w_hi + hi·w_lo + lo·w_hi``. The dropped
+``lo·w_lo`` and the residuals are about 2^-22 of each product, and parts below float16's
+normal range keep an absolute error of at most 2^-25 (no part can overflow). The main
+product of each step starts from a zero accumulator and is added in float32: chained
+through one accumulator over the whole chunk (the tensor cores truncate as they add), the
+error was 8.8e-7 relative to float64, against cuBLAS's float32 2.9e-7; per step it is
+4.5e-7 (H200, GLA-370M shape; a variant holding the chunk in registers for one read of x
+was wrong by 4.9e-5 on the GPU and is not used: results/
+tune_projection_forward_chained_tried_h200.json, tune_projection_h200.json). At 8 × 4096
+tokens × 1024 it takes 0.124 ms of kernels with the weight's split, against 0.269 for the
+cuBLAS route it replaces (norm reduction, float32 SIMT product, broadcasting multiply; with
+TF32 the product alone takes 0.068 but errs by 2.9e-4), and 0.25 for a ``tf32x3`` kernel
+(results/tune_projection_forward_tried_h200.json).
+
+**Input gradient** (:func:`projection_input_grad`), with ``dz = r · dy`` rounded to
+bf16/fp16 and everything else in float32::
 
     dx[n, h, :] = dz[n, h, :] @ weight[h]ᵀ - r² (dy · y)[n, h] · x[n, h, :]
 
@@ -13,8 +33,7 @@ H200), a cast of x: 0.42 ms of kernels (benchmarks/tune_projection_grad.py). Her
 program forms dz and the norm's coefficient from its dy and y tiles, multiplies on tensor
 cores, adds the norm's term, and writes dx, plus the rounded x and dz that the weight
 gradient's cuBLAS products read: 0.21 ms. x is read once and nothing else of its size is
-written. (A forward kernel with ``tf32x3`` products, float32-accurate, took 0.25-0.63 ms
-against torch's 0.27: not used.)
+written.
 """
 
 from __future__ import annotations
@@ -134,3 +153,165 @@ def projection_input_grad(
         raise ValueError(f"the fused projection gradient needs CUDA tensors, or TRITON_INTERPRET=1; got {x.device}")
     dx, x_low, dz_low = _input_grad_op(dy, y, inv_norm, weight, x, write_low)
     return (dx, x_low, dz_low) if write_low else (dx, None, None)
+
+
+# --------------------------------------------------------------------------- forward
+
+
+@triton.jit
+def split_weight_kernel(weight, w_hi, w_lo, scale, I, M, BI: tl.constexpr, BM: tl.constexpr):
+    """Program (head, block of columns): each column's power-of-two scale (the smallest power
+    of two >= its largest |entry|; 1 for a zero column), and the scaled column as a float16
+    pair ``hi + lo``."""
+    h, pm = tl.program_id(0), tl.program_id(1)
+    mm = pm * BM + tl.arange(0, BM)
+    mm_ok = mm < M
+    peak = tl.zeros([BM], dtype=tl.float32)
+    for start in range(0, I, BI):
+        ii = start + tl.arange(0, BI)
+        m = (ii < I)[:, None] & mm_ok[None, :]
+        peak = tl.maximum(peak, tl.max(tl.abs(tl.load(weight + (h * I + ii[:, None]) * M + mm[None, :], mask=m, other=0.0)), 0))
+    # 2^(e+1) for peak = 1.f·2^e, from the exponent bits (exact; no log2/exp2 rounding).
+    biased = (peak.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    power = ((tl.minimum(biased, 253) + 1) << 23).to(tl.float32, bitcast=True)
+    power = tl.where(peak > 0, power, 1.0)
+    tl.store(scale + h * M + mm, power, mask=mm_ok)
+    for start in range(0, I, BI):
+        ii = start + tl.arange(0, BI)
+        m = (ii < I)[:, None] & mm_ok[None, :]
+        offsets = (h * I + ii[:, None]) * M + mm[None, :]
+        w = tl.load(weight + offsets, mask=m, other=0.0) / power[None, :]
+        hi = w.to(tl.float16, fp_downcast_rounding="rtne")
+        tl.store(w_hi + offsets, hi, mask=m)
+        tl.store(w_lo + offsets, (w - hi.to(tl.float32)).to(tl.float16, fp_downcast_rounding="rtne"), mask=m)
+
+
+@triton.jit
+def _chunk_products(xh, kk, mk, h, start, w_hi, w_lo, acc, corr, I: tl.constexpr, M: tl.constexpr, BM: tl.constexpr,
+                    UPCAST: tl.constexpr):
+    """One chunk of the head's inputs (``xh [BN, BK]`` = x̂ at input rows ``kk``) times
+    columns ``start + [0, BM)`` of the weight, as float16 splits: ``hi·w_hi`` from a zero
+    accumulator, added to ``acc`` in float32 (the tensor cores truncate when they add into
+    an accumulator, and a long chain of such adds drifts), and ``lo·w_hi + hi·w_lo`` into
+    ``corr`` (terms 2^-11 the size: their rounding is far below float32's)."""
+    hi = xh.to(tl.float16, fp_downcast_rounding="rtne")
+    lo = (xh - hi.to(tl.float32)).to(tl.float16, fp_downcast_rounding="rtne")
+    mm = start + tl.arange(0, BM)
+    offsets = (h * I + kk[:, None]) * M + mm[None, :]
+    m = mk[:, None] & (mm < M)[None, :]
+    w_hi, w_lo = tl.load(w_hi + offsets, mask=m, other=0.0), tl.load(w_lo + offsets, mask=m, other=0.0)
+    if UPCAST:
+        hi, lo, w_hi, w_lo = hi.to(tl.float32), lo.to(tl.float32), w_hi.to(tl.float32), w_lo.to(tl.float32)
+    acc += tl.dot(hi, w_hi)
+    corr = tl.dot(lo, w_hi, corr)
+    return acc, tl.dot(hi, w_lo, corr)
+
+
+@triton.jit
+def _store_columns(y, acc, scale, nn, mn, h, start, H: tl.constexpr, M: tl.constexpr, BM: tl.constexpr):
+    mm = start + tl.arange(0, BM)
+    mm_ok = mm < M
+    power = tl.load(scale + h * M + mm, mask=mm_ok, other=0.0)
+    tl.store(y + (nn[:, None].to(tl.int64) * H + h) * M + mm[None, :], acc * power[None, :], mask=mn[:, None] & mm_ok[None, :])
+
+
+@triton.jit
+def forward_kernel(
+    x, w_hi, w_lo, scale, y, inv_norm, N, x_n, eps,
+    H: tl.constexpr, I: tl.constexpr, M: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr, TWO: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Program (token block, head): ``r`` and ``y = (r·x) @ weight`` there, the products as
+    float16 splits (module docstring) into the first BM1 columns and, if TWO, the next BM2.
+    x is read in chunks of BK inputs twice: for r, then (from L2) for the products."""
+    pn, h = tl.program_id(0), tl.program_id(1)
+    nn = pn * BN + tl.arange(0, BN)
+    mn = nn < N
+    rows = x + nn[:, None].to(tl.int64) * x_n + h * I
+    squares = tl.zeros([BN], dtype=tl.float32)
+    for start in range(0, I, BK):
+        kk = start + tl.arange(0, BK)
+        xs = tl.load(rows + kk[None, :], mask=mn[:, None] & (kk < I)[None, :], other=0.0)
+        squares += tl.sum(xs * xs, 1)
+    r = 1.0 / tl.sqrt_rn(squares + eps)
+    acc1, corr1 = tl.zeros([BN, BM1], dtype=tl.float32), tl.zeros([BN, BM1], dtype=tl.float32)
+    acc2, corr2 = tl.zeros([BN, BM2], dtype=tl.float32), tl.zeros([BN, BM2], dtype=tl.float32)
+    for start in range(0, I, BK):
+        kk = start + tl.arange(0, BK)
+        mk = kk < I
+        xh = tl.load(rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0) * r[:, None]
+        acc1, corr1 = _chunk_products(xh, kk, mk, h, 0, w_hi, w_lo, acc1, corr1, I, M, BM1, UPCAST)
+        if TWO:
+            acc2, corr2 = _chunk_products(xh, kk, mk, h, BM1, w_hi, w_lo, acc2, corr2, I, M, BM2, UPCAST)
+    _store_columns(y, acc1 + corr1, scale, nn, mn, h, 0, H, M, BM1)
+    if TWO:
+        _store_columns(y, acc2 + corr2, scale, nn, mn, h, BM1, H, M, BM2)
+    tl.store(inv_norm + nn * H + h, r, mask=mn)
+
+
+# BN tokens x BK inputs per step, with this many warps: the fastest of the tiles
+# benchmarks/tune_projection_grad.py measured on the H200.
+FORWARD_TILE = (64, 64, 4)  # BN, BK, warps
+
+
+def column_blocks(width: int) -> tuple[int, int]:
+    """The forward's two column tiles: the largest power of two <= ``width`` (at least 16),
+    and a power of two (at least 16) for the rest, or 0 where the first covers them all."""
+    first = max(16, 1 << (width.bit_length() - 1))
+    return first, 0 if width <= first else max(16, triton.next_power_of_2(width - first))
+
+
+@torch.library.custom_op("srope::normalized_projection_forward", mutates_args=())
+def _forward_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+        x = x.contiguous()
+    weight = weight.contiguous()
+    count, heads, chunk = x.shape
+    width = weight.shape[2]
+    y = torch.empty(count, heads, width, dtype=x.dtype, device=x.device)
+    inv_norm = torch.empty(count, heads, dtype=x.dtype, device=x.device)
+    if count == 0 or width == 0:
+        return y, inv_norm
+    w_hi = torch.empty(weight.shape, dtype=torch.float16, device=x.device)
+    w_lo = torch.empty_like(w_hi)
+    scale = torch.empty(heads, width, dtype=torch.float32, device=x.device)
+    block_n, block_k, warps = (16, 16, 4) if interpreting() else FORWARD_TILE
+    first, rest = column_blocks(width)
+    with on_device(x):
+        split_weight_kernel[(heads, triton.cdiv(width, 32))](weight, w_hi, w_lo, scale, chunk, width, BI=64, BM=32)
+        forward_kernel[(triton.cdiv(count, block_n), heads)](
+            x, w_hi, w_lo, scale, y, inv_norm, count, x.stride(0), eps,
+            H=heads, I=chunk, M=width, BN=block_n, BK=block_k, BM1=first, BM2=max(rest, 16), TWO=rest > 0,
+            UPCAST=interpreting(), num_warps=warps,
+        )
+    return y, inv_norm
+
+
+@_forward_op.register_fake
+def _forward_op_fake(x, weight, eps):
+    return x.new_empty((x.shape[0], x.shape[1], weight.shape[2])), x.new_empty(x.shape[:2])
+
+
+def projection_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``y = r · x @ weight`` and ``r = (|x|² + ε)^(-1/2)`` per token and head
+    (:func:`srope.ops.projection.normalized_head_projection`'s forward), float32-accurate
+    on tensor cores (module docstring).
+
+    Args:
+        x: ``[N, H, I]`` float32 (the last two dimensions contiguous, any token stride).
+        weight: ``[H, I, M]`` float32.
+        eps: ε of the norm, >= 0.
+
+    Returns ``y [N, H, M]`` and ``inv_norm [N, H]``, float32.
+    """
+    if x.dtype != torch.float32 or weight.dtype != torch.float32:
+        raise TypeError(f"x and weight must be float32, got {x.dtype} and {weight.dtype}")
+    if x.dim() != 3 or weight.dim() != 3 or tuple(weight.shape[:2]) != tuple(x.shape[1:]):
+        raise ValueError(f"expected x [N, H, I] and weight [H, I, M], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.device != weight.device:
+        raise ValueError(f"x and weight must be on one device, got {x.device} and {weight.device}")
+    if x.device.type != "cuda" and not interpreting():
+        raise ValueError(f"the fused projection needs CUDA tensors, or TRITON_INTERPRET=1; got {x.device}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    return _forward_op(x, weight, float(eps))

@@ -1,0 +1,204 @@
+"""The Triton kernels of the generator's projection (srope.ops.triton.projection), its
+float32 forward and its fused input gradient, against float64, interpreted on the CPU or
+compiled on CUDA; and the projection that uses them on CUDA against its torch routes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from srope.ops import projection
+from srope.ops.triton.projection import column_blocks, projection_forward, projection_input_grad
+from tests.helpers import generator, randn, rel_err
+from tests.triton.conftest import INTERPRET
+
+SHAPES = [(1, 1, 16, 16), (37, 3, 24, 21), (70, 2, 40, 68)]
+# (tokens, heads, chunk, width): one input tile or several (the interpreter's tile is 16
+# tokens x 16 inputs), one or two column tiles, widths below 16 and past a power of two.
+FORWARD_SHAPES = [(1, 1, 16, 16), (37, 3, 24, 21), (70, 2, 40, 68), (5, 2, 16, 5), (33, 1, 48, 130), (17, 2, 7, 33)]
+
+
+def float64_forward(x, weight, eps):
+    """y, r and the error scale ``|x̂| @ |weight|`` of every output, in float64."""
+    x64, w64 = x.double(), weight.double()
+    r = torch.rsqrt(x64.square().sum(-1) + eps)
+    x_hat = x64 * r[..., None]
+    return torch.einsum("nhi,him->nhm", x_hat, w64), r, torch.einsum("nhi,him->nhm", x_hat.abs(), w64.abs())
+
+
+def torch_float32_forward(x, weight, eps):
+    inv_norm = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() + eps)
+    return torch.bmm(x.transpose(0, 1), weight).transpose(0, 1) * inv_norm[..., None]
+
+
+@pytest.mark.parametrize("count,heads,chunk,width", FORWARD_SHAPES)
+def test_forward_is_float32_accurate(count, heads, chunk, width, device):
+    """The split float16 products are as accurate as float32 ones: every output within
+    1e-6 of its error scale ``|x̂|·|w|`` of float64, and overall no further from float64 than
+    the float32 cuBLAS route (plus float32 rounding). One column 1e-6 times smaller than the
+    rest (its power-of-two scale keeps its splits normal), one all zero, inputs of scale 3
+    (r far from 1); outputs poisoned with NaN before."""
+    gen = generator(count * 7 + width)
+    x = randn(count, heads, chunk, seed_gen=gen, scale=3.0).to(device, torch.float32)
+    weight = randn(heads, chunk, width, seed_gen=gen).to(device, torch.float32) / 16
+    weight[:, :, 0] *= 1e-6
+    if width > 2:
+        weight[:, :, 1] = 0.0
+    y, inv_norm = projection_forward(x, weight, 1e-6)
+    expected, r, scale = float64_forward(x, weight, 1e-6)
+    assert y.dtype == inv_norm.dtype == torch.float32 and y.shape == expected.shape and inv_norm.shape == r.shape
+    assert ((inv_norm.double() - r).abs() <= 4e-7 * r).all()
+    assert ((y.double() - expected).abs() <= 1e-6 * scale).all()
+    if width > 2:
+        assert (y[..., 1] == 0).all()
+    small = (y[..., 0].double() - expected[..., 0]).abs() <= 1e-6 * scale[..., 0]
+    assert small.all() and scale[..., 0].max() < 1e-6
+    route = torch_float32_forward(x, weight, 1e-6)
+    assert rel_err(y, expected) <= 2 * rel_err(route, expected) + 1e-7
+
+
+def test_forward_zero_rows_and_strided_tokens(device):
+    """A zero input row gives zero outputs and r = ε^(-1/2); x may be a view with any token stride."""
+    gen = generator(3)
+    x = randn(9, 2, 16, seed_gen=gen).to(device, torch.float32)
+    x[4] = 0.0
+    weight = randn(2, 16, 18, seed_gen=gen).to(device, torch.float32)
+    y, inv_norm = projection_forward(x, weight, 1e-4)
+    assert (y[4] == 0).all() and torch.allclose(inv_norm[4], torch.full_like(inv_norm[4], 100.0))
+    wide = torch.zeros(9, 3, 2, 16, device=device)
+    wide[:, 1] = x
+    strided = projection_forward(wide[:, 1], weight, 1e-4)
+    assert torch.equal(strided[0], y) and torch.equal(strided[1], inv_norm)
+
+
+def test_column_blocks():
+    assert [column_blocks(m) for m in (1, 16, 17, 21, 64, 68, 130, 256)] == [
+        (16, 0), (16, 0), (16, 16), (16, 16), (64, 0), (64, 16), (128, 16), (256, 0)]
+
+
+FORWARD_BAD = [
+    ("x dtype", dict(x=torch.zeros(4, 2, 8, dtype=torch.float64)), TypeError, "float32"),
+    ("weight dtype", dict(weight=torch.zeros(2, 8, 5, dtype=torch.bfloat16)), TypeError, "float32"),
+    ("shapes", dict(weight=torch.zeros(2, 7, 5)), ValueError, "expected x"),
+    ("eps", dict(eps=-1.0), ValueError, "eps"),
+]
+
+
+@pytest.mark.parametrize("name,overrides,error,match", FORWARD_BAD, ids=[b[0] for b in FORWARD_BAD])
+def test_forward_bad_inputs(name, overrides, error, match, device):
+    args = dict(x=torch.zeros(4, 2, 8), weight=torch.zeros(2, 8, 5), eps=1e-6) | overrides
+    args = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in args.items()}
+    with pytest.raises(error, match=match):
+        projection_forward(**args)
+
+
+def test_opcheck_forward(device):
+    from srope.ops.triton.projection import _forward_op
+
+    gen = generator(4)
+    x = randn(5, 2, 16, seed_gen=gen).to(device, torch.float32)
+    weight = randn(2, 16, 18, seed_gen=gen).to(device, torch.float32)
+    torch.library.opcheck(_forward_op, (x, weight, 1e-6))
+
+
+def grad_inputs(count, heads, chunk, width, dtype, device, seed=0):
+    gen = generator(seed)
+    dy = randn(count, heads, width, seed_gen=gen).to(device, torch.float32)
+    y = randn(count, heads, width, seed_gen=gen).to(device, torch.float32)
+    inv_norm = randn(count, heads, seed_gen=gen).abs().add(0.1).to(device, torch.float32)
+    weight = randn(heads, chunk, width, seed_gen=gen).to(device, dtype)
+    x = randn(count, heads, chunk, seed_gen=gen, scale=3.0).to(device, torch.float32)
+    return dy, y, inv_norm, weight, x
+
+
+def assert_rounded(low, exact, dtype):
+    """``low`` is ``exact`` rounded to ``dtype``: to nearest when compiled; Triton's
+    interpreter rounds toward zero, so there one ulp."""
+    assert low.dtype == dtype and low.shape == exact.shape
+    if INTERPRET:
+        ulp = 2.0 ** -(7 if dtype == torch.bfloat16 else 10)
+        assert ((low.float() - exact).abs() <= exact.abs() * ulp).all()
+    else:
+        assert torch.equal(low, exact.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("count,heads,chunk,width", SHAPES)
+def test_input_grad_matches_float64(dtype, count, heads, chunk, width, device):
+    """dx = dz_low @ Wᵀ - r²(dy·y)·x to float32 accuracy (products of 16-bit numbers are
+    exact in float32), with dz_low = r·dy and x_low = x rounded to the weight's dtype;
+    without write_low the same dx (to float32 rounding). Odd sizes; outputs poisoned with NaN before."""
+    dy, y, inv_norm, weight, x = grad_inputs(count, heads, chunk, width, dtype, device)
+    dx, x_low, dz_low = projection_input_grad(dy, y, inv_norm, weight, x)
+    assert_rounded(dz_low, dy * inv_norm[..., None], dtype)
+    assert_rounded(x_low, x, dtype)
+    r = inv_norm.double()
+    expected = torch.einsum("nhm,him->nhi", dz_low.double(), weight.double()) \
+        - (r.square() * (dy.double() * y.double()).sum(-1))[..., None] * x.double()
+    assert dx.dtype == torch.float32 and rel_err(dx, expected) < 1e-6
+    # Another compiled kernel (WRITE_LOW is a constexpr): the same sums, but the compiler
+    # may contract them differently (bit-equal under the interpreter, not always on the H200).
+    alone = projection_input_grad(dy, y, inv_norm, weight, x, write_low=False)
+    assert alone[1:] == (None, None) and rel_err(alone[0], expected) < 1e-6 and rel_err(alone[0], dx) < 1e-6
+
+
+def test_input_grad_reads_strided_tokens(device):
+    dy, y, inv_norm, weight, x = grad_inputs(9, 2, 16, 16, torch.bfloat16, device, seed=1)
+    wide = torch.zeros(9, 3, 2, 16, device=device)
+    wide[:, 1] = x
+    assert torch.equal(projection_input_grad(dy, y, inv_norm, weight, wide[:, 1])[0], projection_input_grad(dy, y, inv_norm, weight, x)[0])
+
+
+GRAD_BAD = [
+    ("weight dtype", dict(weight=torch.zeros(2, 8, 5)), TypeError, "16-bit|bfloat16"),
+    ("x dtype", dict(x=torch.zeros(4, 2, 8, dtype=torch.float64)), TypeError, "float32"),
+    ("widths", dict(weight=torch.zeros(2, 8, 6, dtype=torch.bfloat16)), ValueError, "shapes disagree"),
+    ("inv_norm", dict(inv_norm=torch.zeros(4, 3)), ValueError, "shapes disagree"),
+]
+
+
+@pytest.mark.parametrize("name,overrides,error,match", GRAD_BAD, ids=[b[0] for b in GRAD_BAD])
+def test_input_grad_bad_inputs(name, overrides, error, match, device):
+    args = dict(dy=torch.zeros(4, 2, 5), y=torch.zeros(4, 2, 5), inv_norm=torch.zeros(4, 2),
+                weight=torch.zeros(2, 8, 5, dtype=torch.bfloat16), x=torch.zeros(4, 2, 8)) | overrides
+    args = {key: value.to(device) for key, value in args.items()}
+    with pytest.raises(error, match=match):
+        projection_input_grad(**args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 333, 4096 + 5])
+def test_projection_on_cuda_against_torch_route(monkeypatch, tokens):
+    """On CUDA the float32 forward and the bf16 backward take the fused kernels. The forward
+    is float32-accurate like cuBLAS's. The weight gradient is the torch route's up to the
+    rare bf16 rounding of dz = r·dy that an ulp of r flips (same cuBLAS products); the input
+    gradient keeps the product in float32 where the torch route rounds it to bf16 before
+    adding the norm's term, so it is at least as close to float64, and within bf16 rounding of it."""
+    gen = generator(tokens)
+    x64 = randn(tokens, 4, 256, seed_gen=gen, dtype=torch.float64).cuda()
+    w64 = randn(4, 256, 68, seed_gen=gen, dtype=torch.float64).cuda() / 16
+    grad = randn(tokens, 4, 68, seed_gen=gen, dtype=torch.float64).cuda()
+
+    def run(x, w, dtype):
+        x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+        y = projection.normalized_head_projection(x, w, 1e-6, dtype)
+        return (y, *torch.autograd.grad(y, (x, w), grad.to(x.dtype)))
+
+    exact = run(x64, w64, None)
+    fused = run(x64.float(), w64.float(), torch.bfloat16)
+    monkeypatch.setattr(projection, "FUSED", False)
+    unfused = run(x64.float(), w64.float(), torch.bfloat16)
+    # The forward: both float32-accurate (split float16 products against cuBLAS's float32).
+    assert rel_err(fused[0], exact[0]) < 1e-6 and rel_err(unfused[0], exact[0]) < 1e-6
+    assert rel_err(fused[2], unfused[2]) < 1e-4
+    assert rel_err(fused[1], unfused[1]) < 8e-3
+    assert rel_err(fused[1], exact[1]) <= rel_err(unfused[1], exact[1]) + 1e-6
+    assert rel_err(fused[1], exact[1]) < 2e-2 and rel_err(fused[2], exact[2]) < 2e-2
+
+
+def test_opcheck_input_grad(device):
+    from srope.ops.triton.projection import _input_grad_op
+
+    dy, y, inv_norm, weight, x = grad_inputs(5, 2, 16, 18, torch.bfloat16, device, seed=2)
+    for write_low in (True, False):
+        torch.library.opcheck(_input_grad_op, (dy, y, inv_norm, weight, x, write_low))
