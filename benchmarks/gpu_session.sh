@@ -231,6 +231,21 @@ stage_final4b() {  # the final code: the GLA layer with each PE, its profile, gl
   stage_gatemodel
 }
 
+stage_final5() {  # 64-bit row offsets in the projection's input gradient: its tests and tiles, every GPU test, the GLA layer, the model
+  run 150 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu_projection.xml
+  run 120 python benchmarks/tune_projection_grad.py --out $R/tune_projection_h200.json
+  stage_gputests
+  stage_gatelayer
+  stage_gatemodel
+}
+
+stage_final6() {  # the forward's 32-input tile: its tests, every GPU test, the GLA layer, the model
+  run 100 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu_projection.xml
+  stage_gputests
+  stage_gatelayer
+  stage_gatemodel
+}
+
 stage_gputests() {  # every GPU test (one autotune candidate per kernel), its log and junit xml returned
   run ${TEST_LIMIT:-450} $FAST -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA \
     --junitxml=$R/pytest_gpu.xml > $R/pytest_gpu.log 2>&1

@@ -15,9 +15,9 @@ product of each step starts from a zero accumulator and is added in float32: cha
 through one accumulator over the whole chunk (the tensor cores truncate as they add), the
 error was 8.8e-7 relative to float64, against cuBLAS's float32 2.9e-7; per step it is
 4.5e-7 (H200, GLA-370M shape; a variant holding the chunk in registers for one read of x
-was wrong by 4.9e-5 on the GPU and is not used: results/
-tune_projection_forward_chained_tried_h200.json, tune_projection_h200.json). At 8 × 4096
-tokens × 1024 it takes 0.124 ms of kernels with the weight's split, against 0.269 for the
+was wrong by 4.9e-5 on the GPU, as are products over all 256 inputs at once, and is not
+used: results/tune_projection_forward_chained_tried_h200.json, tune_projection_h200.json).
+At 8 × 4096 tokens × 1024 it takes 0.129 ms of kernels with the weight's split, against 0.269 for the
 cuBLAS route it replaces (norm reduction, float32 SIMT product, broadcasting multiply; with
 TF32 the product alone takes 0.068 but errs by 2.9e-4), and 0.25 for a ``tf32x3`` kernel
 (results/tune_projection_forward_tried_h200.json).
@@ -60,13 +60,14 @@ def input_grad_kernel(
     nn = pn * BN + tl.arange(0, BN)
     ii = pi * BI + tl.arange(0, BI)
     mn, mi = nn < N, ii < I
+    rows = nn.to(tl.int64)  # x's offsets pass 2^31 at 2^21 tokens of 1024
     r = tl.load(inv_norm + nn * H + h, mask=mn, other=0.0)
     acc = tl.zeros([BN, BI], dtype=tl.float32)
     dot_y = tl.zeros([BN], dtype=tl.float32)
     for start in range(0, M, BM):
         mm = start + tl.arange(0, BM)
         tile = mn[:, None] & (mm < M)[None, :]
-        offsets = (nn[:, None] * H + h) * M + mm[None, :]
+        offsets = (rows[:, None] * H + h) * M + mm[None, :]
         g = tl.load(dy + offsets, mask=tile, other=0.0)
         dot_y += tl.sum(g * tl.load(y + offsets, mask=tile, other=0.0), axis=1)
         g = (g * r[:, None]).to(weight.dtype.element_ty, fp_downcast_rounding="rtne")
@@ -76,11 +77,11 @@ def input_grad_kernel(
         if UPCAST:
             g, w = g.to(tl.float32), w.to(tl.float32)
         acc = tl.dot(g, tl.trans(w), acc)
-    xs = tl.load(x + nn[:, None] * x_n + h * I + ii[None, :], mask=mn[:, None] & mi[None, :], other=0.0)
+    xs = tl.load(x + rows[:, None] * x_n + h * I + ii[None, :], mask=mn[:, None] & mi[None, :], other=0.0)
     out = acc - xs * (dot_y * r * r)[:, None]
-    tl.store(dx + (nn[:, None] * H + h) * I + ii[None, :], out, mask=mn[:, None] & mi[None, :])
+    tl.store(dx + (rows[:, None] * H + h) * I + ii[None, :], out, mask=mn[:, None] & mi[None, :])
     if WRITE_LOW:
-        tl.store(x_low + (nn[:, None] * H + h) * I + ii[None, :], xs.to(x_low.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mn[:, None] & mi[None, :])
+        tl.store(x_low + (rows[:, None] * H + h) * I + ii[None, :], xs.to(x_low.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mn[:, None] & mi[None, :])
 
 
 # BN tokens x BI of the chunk per program, in steps of BM outputs, with this many warps: the
@@ -249,9 +250,13 @@ def forward_kernel(
     tl.store(inv_norm + nn * H + h, r, mask=mn)
 
 
-# BN tokens x BK inputs per step, with this many warps: the fastest of the tiles
-# benchmarks/tune_projection_grad.py measured on the H200.
-FORWARD_TILE = (64, 64, 4)  # BN, BK, warps
+# BN tokens x BK inputs per step, with this many warps: 64 x 32 x 4 took 0.129 ms at the
+# GLA-370M shape on the H200 (benchmarks/tune_projection_grad.py). 64 x 64 x 4 took 0.124 but
+# faults there (illegal address, with 1, 2 or 3 stages, 4 or 8 warps) on a head chunk of 40
+# inputs and 68 outputs (tests/triton/test_projection_kernels.py), a Triton 3.6 fault whose
+# cause we have not found; every 32-input tile ran every tested shape
+# (results/projection_forward_tiles_fault_h200.json).
+FORWARD_TILE = (64, 32, 4, 3)  # BN, BK, warps, software-pipeline stages
 
 
 def column_blocks(width: int) -> tuple[int, int]:
@@ -275,14 +280,14 @@ def _forward_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torc
     w_hi = torch.empty(weight.shape, dtype=torch.float16, device=x.device)
     w_lo = torch.empty_like(w_hi)
     scale = torch.empty(heads, width, dtype=torch.float32, device=x.device)
-    block_n, block_k, warps = (16, 16, 4) if interpreting() else FORWARD_TILE
+    block_n, block_k, warps, stages = (16, 16, 4, 1) if interpreting() else FORWARD_TILE
     first, rest = column_blocks(width)
     with on_device(x):
         split_weight_kernel[(heads, triton.cdiv(width, 32))](weight, w_hi, w_lo, scale, chunk, width, BI=64, BM=32)
         forward_kernel[(triton.cdiv(count, block_n), heads)](
             x, w_hi, w_lo, scale, y, inv_norm, count, x.stride(0), eps,
             H=heads, I=chunk, M=width, BN=block_n, BK=block_k, BM1=first, BM2=max(rest, 16), TWO=rest > 0,
-            UPCAST=interpreting(), num_warps=warps,
+            UPCAST=interpreting(), num_warps=warps, num_stages=stages,
         )
     return y, inv_norm
 
