@@ -9,12 +9,13 @@ matrix, is split into slabs of :data:`SLAB` tokens so that it fills the GPU (one
 reduction ran on a few dozen thread blocks: 1.2 ms of the generator's 3.3 ms at
 8 × 4096 tokens on the H200).
 
-The forward always runs to the accuracy of the inputs' dtype (float32 or float64): the outputs
-become angle increments that are summed over the whole sequence. (On CUDA the float32 one
-runs on tensor cores with split float16 operands, float32-accurate: srope.ops.triton.projection.) The backward's two products (input and
-weight gradients) may run in a lower ``grad_dtype`` (bfloat16 under autocast, as autocast
-runs every other matmul of the backward), accumulated and returned in the inputs' dtype:
-a gradient's rounding does not accumulate along the sequence.
+The forward always runs to the accuracy of the inputs' dtype (float32 or float64): the
+outputs become angle increments that are summed over the whole sequence. (On CUDA the
+float32 one runs on tensor cores with split float16 operands, float32-accurate:
+srope.ops.triton.projection.) The backward's two products (input and weight gradients)
+may run in a lower ``grad_dtype`` (bfloat16 under autocast, as autocast runs every other
+matmul of the backward), accumulated and returned in the inputs' dtype: a gradient's
+rounding does not accumulate along the sequence.
 """
 
 from __future__ import annotations

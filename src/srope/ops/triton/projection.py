@@ -17,8 +17,8 @@ error was 8.8e-7 relative to float64, against cuBLAS's float32 2.9e-7; per step 
 4.5e-7 (H200, GLA-370M shape; a variant holding the chunk in registers for one read of x
 was wrong by 4.9e-5 on the GPU, as are products over all 256 inputs at once, and is not
 used: results/tune_projection_forward_chained_tried_h200.json, tune_projection_h200.json).
-At 8 × 4096 tokens × 1024 it takes 0.129 ms of kernels with the weight's split, against 0.269 for the
-cuBLAS route it replaces (norm reduction, float32 SIMT product, broadcasting multiply; with
+At 8 × 4096 tokens × 1024 it takes 0.129 ms of kernels with the weight's split, against
+0.269 for the cuBLAS route it replaces (norm reduction, float32 SIMT product, broadcasting multiply; with
 TF32 the product alone takes 0.068 but errs by 2.9e-4), and 0.25 for a ``tf32x3`` kernel
 (results/tune_projection_forward_tried_h200.json).
 
