@@ -246,6 +246,22 @@ stage_final6() {  # the forward's 32-input tile: its tests, every GPU test, the 
   stage_gatemodel
 }
 
+stage_wgrad() {  # the weight gradient fused into the projection's backward kernel: its tests and tiles, the GLA layer, its profile
+  run 150 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu_projection.xml
+  run 150 python benchmarks/tune_projection_grad.py --backward-only --out $R/tune_projection_backward_h200.json
+  stage_gatelayer
+  run 150 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
+}
+
+stage_final7() {  # the fused weight gradient's larger tiles, its tests, every GPU test, the GLA layer, its profile, the model
+  run 100 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu_projection.xml
+  run 120 python benchmarks/tune_projection_grad.py --backward-only --out $R/tune_projection_backward_tiles_h200.json
+  stage_gputests
+  stage_gatelayer
+  run 150 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
+  stage_gatemodel
+}
+
 stage_gputests() {  # every GPU test (one autotune candidate per kernel), its log and junit xml returned
   run ${TEST_LIMIT:-450} $FAST -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA \
     --junitxml=$R/pytest_gpu.xml > $R/pytest_gpu.log 2>&1

@@ -4,9 +4,11 @@ tile configuration, against the torch routes they replace.
 - Forward: the norm reduction, the cuBLAS float32 product, the broadcasting multiply;
   against the split-float16 kernel (with its weight split), both with their error
   against float64.
-- Input gradient: ``dz = r·dy`` and the norm's coefficient from dy and y, the casts, the
-  cuBLAS bf16 product written in place, the mixed-dtype add of the norm's term, the cast
-  of x; against the fused kernel.
+- Backward: ``dz = r·dy`` and the norm's coefficient from dy and y, the casts, the cuBLAS
+  bf16 product written in place, the mixed-dtype add of the norm's term, the cast of x and
+  the weight gradient's slab products (srope.ops.projection's torch route); against the
+  fused kernel (input and weight gradients, with the sum of its partial weight gradients)
+  per tile and slab.
 
 At the GLA-370M generator's shape (8 × 4096 tokens, 4 heads, chunk 256, 64 pairs + 4 gate
 logits), kernel time from ``torch.profiler`` (mean of 5 calls after a warm-up), with the
@@ -14,7 +16,7 @@ bytes the fused kernel must move and the HBM rate they imply, and its error agai
 torch route. (results/tune_projection_forward_tried_h200.json: a fused forward kernel with
 tf32x3 products, measured by an earlier version of this script and then removed.)
 
-    python benchmarks/tune_projection_grad.py --out tune_projection_grad.json
+    python benchmarks/tune_projection_grad.py --out tune_projection_grad.json [--backward-only]
 """
 
 from __future__ import annotations
@@ -25,9 +27,13 @@ import torch
 
 from benchmarks.bench_op import kernel_time
 from benchmarks.common import environment, write_json
+from srope.ops.projection import _weight_grad
 from srope.ops.triton import projection as fused
 
-GRAD_TILES = ((64, 128, 16, 8), (64, 64, 32, 8), (128, 64, 16, 8), (64, 256, 16, 8), (32, 256, 16, 8), (64, 128, 32, 8))
+# (BN, BI, warps, stages): those ptxas compiles for sm_90 without spills at this shape (the
+# first), and the larger ones that spill a little (100 to 2760 bytes)
+BACKWARD_TILES = ((64, 128, 8, 1), (64, 128, 8, 2), (64, 128, 16, 1), (128, 64, 8, 1), (64, 256, 16, 1))
+SLABS = (2048, 1024)
 # (BN, BK, warps, stages): those ptxas compiles for sm_90 without spills at this shape, and (the last
 # two) products over 128 or 256 inputs at a time, for their error against the shipped 64's
 # (the 256 one spills 116 bytes)
@@ -52,7 +58,7 @@ def measure(name: str, fn, reference, moved: int, report: dict, out: str, agains
     write_json(out, report)
 
 
-def with_tile(tile, fn, name="GRAD_TILE"):
+def with_tile(tile, fn, name):
     def run():
         saved = getattr(fused, name)
         setattr(fused, name, tile)
@@ -66,6 +72,7 @@ def with_tile(tile, fn, name="GRAD_TILE"):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--backward-only", action="store_true", help="skip the forward's tiles")
     args = parser.parse_args()
     count, heads, chunk, width, eps = 8 * 4096, 4, 256, 68, 1e-6
     torch.manual_seed(0)
@@ -83,7 +90,7 @@ def main() -> None:
     r64 = torch.rsqrt(x.double().square().sum(-1) + eps)
     exact = (torch.einsum("nhi,him->nhm", x.double() * r64[..., None], weight.double()), r64)
     measure("forward torch", torch_forward, exact, forward_bytes, report, args.out, "float64")
-    for tile in FORWARD_TILES:
+    for tile in () if args.backward_only else FORWARD_TILES:
         measure(f"forward fused {tile}", with_tile(tile, lambda: fused._forward_op(x, weight, eps), "FORWARD_TILE"),
                 exact, forward_bytes, report, args.out, "float64")
     del exact, r64
@@ -95,16 +102,17 @@ def main() -> None:
         d_norm = -(dy * y).sum(-1) * inv_norm.square()
         product = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
         torch.bmm(dz_low.transpose(0, 1), weight_low.mT, out=product.transpose(0, 1))
-        return torch.addcmul(product, x, d_norm[..., None]), x.to(torch.bfloat16), dz_low
+        return torch.addcmul(product, x, d_norm[..., None]), _weight_grad(x.to(torch.bfloat16), dz_low)
 
-    # read dy, y, x, r; write dx, x_low, dz_low
-    grad_bytes = dy.numel() * (4 + 4 + 2) + x.numel() * (4 + 4 + 2) + inv_norm.numel() * 4
+    # read dy, y, x, r; write dx (the partial weight gradients are ~2% more at 1024-token slabs)
+    grad_bytes = dy.numel() * (4 + 4) + x.numel() * (4 + 4) + inv_norm.numel() * 4
     report["grad_bytes"] = grad_bytes
     reference = torch_grad()
-    measure("input grad torch", torch_grad, reference, grad_bytes, report, args.out)
-    for tile in GRAD_TILES:
-        measure(f"input grad fused {tile}", with_tile(tile, lambda: fused._input_grad_op(dy, y, inv_norm, weight_low, x, True)),
-                reference, grad_bytes, report, args.out)
+    measure("backward torch", torch_grad, reference, grad_bytes, report, args.out)
+    for tile in BACKWARD_TILES:
+        for slab in SLABS:
+            run = with_tile(tile, lambda: fused._backward_op(dy, y, inv_norm, weight_low, x, True), "BACKWARD_TILE")
+            measure(f"backward fused {tile} slab {slab}", with_tile(slab, run, "SLAB"), reference, grad_bytes, report, args.out)
 
 
 if __name__ == "__main__":

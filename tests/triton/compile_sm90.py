@@ -80,10 +80,11 @@ def record_launches() -> list:
         None, torch.zeros(4, 64), torch.zeros(8, 4, **bf16), True,
     )
     decode._inputs_op(torch.zeros(8, 1024, **bf16), torch.zeros(4, 256, 68), torch.zeros(4), 64, 1e-6)  # GLA-370M, standard gate
-    # the generator projection's input gradient at GLA-370M
-    projection_grad.input_grad_kernel = Recorder(projection_grad.input_grad_kernel, "input_grad_kernel", calls)
-    projection_grad._input_grad_op(torch.zeros(64, 4, 68), torch.zeros(64, 4, 68), torch.zeros(64, 4), torch.zeros(4, 256, 68, **bf16),
-                                   torch.zeros(64, 4, 256), True)
+    # the generator projection's backward at GLA-370M, with and without the weight gradient
+    projection_grad.backward_kernel = Recorder(projection_grad.backward_kernel, "backward_kernel", calls)
+    for weight_grad in (True, False):
+        projection_grad._backward_op(torch.zeros(64, 4, 68), torch.zeros(64, 4, 68), torch.zeros(64, 4), torch.zeros(4, 256, 68, **bf16),
+                                     torch.zeros(64, 4, 256), weight_grad)
     # and its float32 forward (with the weight's split)
     for name in ("split_weight_kernel", "forward_kernel"):
         setattr(projection_grad, name, Recorder(getattr(projection_grad, name), name, calls))
@@ -138,7 +139,7 @@ def main() -> int:
             if key in seen:
                 continue
             seen.add(key)
-            options = {"num_warps": warps, **{name: kwargs[name] for name in ("maxnreg",) if name in kwargs}}
+            options = {"num_warps": warps, **{name: kwargs[name] for name in ("maxnreg", "num_stages") if name in kwargs}}
             compiled = triton.compile(ASTSource(recorder.fn, sig, constants), target=TARGET, options=options)
             ptx = compiled.asm["ptx"]
             tile = {name: constants.get(name) for name in ("R", "BT", "ST", "F64") if name in constants}

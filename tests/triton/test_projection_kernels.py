@@ -1,5 +1,5 @@
 """The Triton kernels of the generator's projection (srope.ops.triton.projection), its
-float32 forward and its fused input gradient, against float64, interpreted on the CPU or
+float32 forward and its fused backward, against float64, interpreted on the CPU or
 compiled on CUDA; and the projection that uses them on CUDA against its torch routes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from srope.ops import projection
-from srope.ops.triton.projection import column_blocks, projection_forward, projection_input_grad
+from srope.ops.triton.projection import column_blocks, projection_backward, projection_forward, slab_tokens
 from tests.helpers import generator, randn, rel_err
 from tests.triton.conftest import INTERPRET
 
@@ -101,52 +101,83 @@ def test_opcheck_forward(device):
     torch.library.opcheck(_forward_op, (x, weight, 1e-6))
 
 
-def grad_inputs(count, heads, chunk, width, dtype, device, seed=0):
+GRAD_SHAPES = [(1, 1, 16, 16), (37, 3, 24, 21), (70, 2, 40, 68), (130, 2, 7, 5)]
+# (tokens, heads, chunk, width): under the interpreter (16-token steps, 32-token slabs, 16-input
+# slices) one slab or up to five (the last partial), one input slice or several with a
+# masked rest, one column tile (16) or two (21, 68), widths below a tile.
+
+
+def grad_inputs(count, heads, chunk, width, dtype, device, seed=0, exact=False):
+    """dy, y, inv_norm, weight (in ``dtype``) and x; with ``exact``, x and dy representable in
+    ``dtype`` and r powers of two, so that the kernel's 16-bit roundings are exact."""
     gen = generator(seed)
     dy = randn(count, heads, width, seed_gen=gen).to(device, torch.float32)
     y = randn(count, heads, width, seed_gen=gen).to(device, torch.float32)
     inv_norm = randn(count, heads, seed_gen=gen).abs().add(0.1).to(device, torch.float32)
     weight = randn(heads, chunk, width, seed_gen=gen).to(device, dtype)
     x = randn(count, heads, chunk, seed_gen=gen, scale=3.0).to(device, torch.float32)
+    if exact:
+        dy, x = dy.to(dtype).float(), x.to(dtype).float()
+        inv_norm = torch.exp2(torch.round(torch.log2(inv_norm)))
     return dy, y, inv_norm, weight, x
 
 
-def assert_rounded(low, exact, dtype):
-    """``low`` is ``exact`` rounded to ``dtype``: to nearest when compiled; Triton's
-    interpreter rounds toward zero, so there one ulp."""
-    assert low.dtype == dtype and low.shape == exact.shape
-    if INTERPRET:
-        ulp = 2.0 ** -(7 if dtype == torch.bfloat16 else 10)
-        assert ((low.float() - exact).abs() <= exact.abs() * ulp).all()
-    else:
-        assert torch.equal(low, exact.to(dtype))
+def float64_backward(dy, y, inv_norm, weight, x, dtype):
+    """dx and dw in float64 from dz = r·dy and x rounded to ``dtype`` to nearest."""
+    dz = (dy * inv_norm[..., None]).to(dtype).double()
+    r = inv_norm.double()
+    dx = torch.einsum("nhm,him->nhi", dz, weight.double()) - (r.square() * (dy.double() * y.double()).sum(-1))[..., None] * x.double()
+    return dx, torch.einsum("nhi,nhm->him", x.to(dtype).double(), dz)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("count,heads,chunk,width", SHAPES)
-def test_input_grad_matches_float64(dtype, count, heads, chunk, width, device):
-    """dx = dz_low @ Wᵀ - r²(dy·y)·x to float32 accuracy (products of 16-bit numbers are
-    exact in float32), with dz_low = r·dy and x_low = x rounded to the weight's dtype;
-    without write_low the same dx (to float32 rounding). Odd sizes; outputs poisoned with NaN before."""
-    dy, y, inv_norm, weight, x = grad_inputs(count, heads, chunk, width, dtype, device)
-    dx, x_low, dz_low = projection_input_grad(dy, y, inv_norm, weight, x)
-    assert_rounded(dz_low, dy * inv_norm[..., None], dtype)
-    assert_rounded(x_low, x, dtype)
-    r = inv_norm.double()
-    expected = torch.einsum("nhm,him->nhi", dz_low.double(), weight.double()) \
-        - (r.square() * (dy.double() * y.double()).sum(-1))[..., None] * x.double()
-    assert dx.dtype == torch.float32 and rel_err(dx, expected) < 1e-6
-    # Another compiled kernel (WRITE_LOW is a constexpr): the same sums, but the compiler
+@pytest.mark.parametrize("count,heads,chunk,width", GRAD_SHAPES)
+def test_backward_matches_float64(dtype, count, heads, chunk, width, device):
+    """dx = dz @ Wᵀ - r²(dy·y)·x and dw = Σ_n x_lowᵀ dz to float32 accuracy, on inputs whose
+    16-bit roundings are exact (only the float32 sums differ from float64); deterministic;
+    without the weight gradient the same dx (to float32 rounding). Outputs poisoned with NaN before."""
+    args = grad_inputs(count, heads, chunk, width, dtype, device, exact=True)
+    dx, dw = projection_backward(*args)
+    expected_dx, expected_dw = float64_backward(*args, dtype)
+    assert dx.dtype == dw.dtype == torch.float32 and dx.shape == expected_dx.shape and dw.shape == expected_dw.shape
+    assert rel_err(dx, expected_dx) < 1e-6 and rel_err(dw, expected_dw) < 1e-6
+    again = projection_backward(*args)
+    assert torch.equal(again[0], dx) and torch.equal(again[1], dw)
+    # Another compiled kernel (WEIGHT_GRAD is a constexpr): the same sums, but the compiler
     # may contract them differently (bit-equal under the interpreter, not always on the H200).
-    alone = projection_input_grad(dy, y, inv_norm, weight, x, write_low=False)
-    assert alone[1:] == (None, None) and rel_err(alone[0], expected) < 1e-6 and rel_err(alone[0], dx) < 1e-6
+    alone = projection_backward(*args, weight_grad=False)
+    assert alone[1] is None and rel_err(alone[0], expected_dx) < 1e-6
 
 
-def test_input_grad_reads_strided_tokens(device):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_backward_rounds_to_nearest(dtype, device):
+    """On general inputs dz and x are rounded to the weight's dtype to nearest when compiled
+    (the gradients then match float64 of the rounded values to float32 accuracy). Triton's
+    interpreter rounds toward zero; there only the rounding's size is checked."""
+    args = grad_inputs(70, 2, 40, 68, dtype, device, seed=3)
+    dx, dw = projection_backward(*args)
+    expected_dx, expected_dw = float64_backward(*args, dtype)
+    bound = 1e-6 if not INTERPRET else 2.0 ** -(7 if dtype == torch.bfloat16 else 10)
+    assert rel_err(dx, expected_dx) < bound and rel_err(dw, expected_dw) < bound
+
+
+def test_slab_tokens():
+    assert slab_tokens(100, 64, 1024) == 1024 and slab_tokens(1 << 20, 64, 1024) == 4096
+    assert slab_tokens(1_000_003, 64, 1024) % 64 == 0 and -(-1_000_003 // slab_tokens(1_000_003, 64, 1024)) <= 256
+
+
+def test_backward_reads_strided_tokens(device):
     dy, y, inv_norm, weight, x = grad_inputs(9, 2, 16, 16, torch.bfloat16, device, seed=1)
     wide = torch.zeros(9, 3, 2, 16, device=device)
     wide[:, 1] = x
-    assert torch.equal(projection_input_grad(dy, y, inv_norm, weight, wide[:, 1])[0], projection_input_grad(dy, y, inv_norm, weight, x)[0])
+    strided, dense = projection_backward(dy, y, inv_norm, weight, wide[:, 1]), projection_backward(dy, y, inv_norm, weight, x)
+    assert torch.equal(strided[0], dense[0]) and torch.equal(strided[1], dense[1])
+
+
+def test_backward_without_tokens(device):
+    dy, y, inv_norm, weight, x = grad_inputs(0, 2, 16, 5, torch.bfloat16, device)
+    dx, dw = projection_backward(dy, y, inv_norm, weight, x)
+    assert dx.shape == (0, 2, 16) and torch.equal(dw, torch.zeros(2, 16, 5, device=device))
 
 
 GRAD_BAD = [
@@ -158,22 +189,22 @@ GRAD_BAD = [
 
 
 @pytest.mark.parametrize("name,overrides,error,match", GRAD_BAD, ids=[b[0] for b in GRAD_BAD])
-def test_input_grad_bad_inputs(name, overrides, error, match, device):
+def test_backward_bad_inputs(name, overrides, error, match, device):
     args = dict(dy=torch.zeros(4, 2, 5), y=torch.zeros(4, 2, 5), inv_norm=torch.zeros(4, 2),
                 weight=torch.zeros(2, 8, 5, dtype=torch.bfloat16), x=torch.zeros(4, 2, 8)) | overrides
     args = {key: value.to(device) for key, value in args.items()}
     with pytest.raises(error, match=match):
-        projection_input_grad(**args)
+        projection_backward(**args)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 333, 4096 + 5])
 def test_projection_on_cuda_against_torch_route(monkeypatch, tokens):
     """On CUDA the float32 forward and the bf16 backward take the fused kernels. The forward
-    is float32-accurate like cuBLAS's. The weight gradient is the torch route's up to the
-    rare bf16 rounding of dz = r·dy that an ulp of r flips (same cuBLAS products); the input
-    gradient keeps the product in float32 where the torch route rounds it to bf16 before
-    adding the norm's term, so it is at least as close to float64, and within bf16 rounding of it."""
+    is float32-accurate like cuBLAS's. Both gradients keep their products in float32 where
+    the torch route rounds them to bf16 (cuBLAS's bf16 products return bf16: the input
+    gradient's before the norm's term is added, the weight gradient's per slab of tokens),
+    so they are at least as close to float64, and within bf16 rounding of the torch route's."""
     gen = generator(tokens)
     x64 = randn(tokens, 4, 256, seed_gen=gen, dtype=torch.float64).cuda()
     w64 = randn(4, 256, 68, seed_gen=gen, dtype=torch.float64).cuda() / 16
@@ -190,15 +221,15 @@ def test_projection_on_cuda_against_torch_route(monkeypatch, tokens):
     unfused = run(x64.float(), w64.float(), torch.bfloat16)
     # The forward: both float32-accurate (split float16 products against cuBLAS's float32).
     assert rel_err(fused[0], exact[0]) < 1e-6 and rel_err(unfused[0], exact[0]) < 1e-6
-    assert rel_err(fused[2], unfused[2]) < 1e-4
-    assert rel_err(fused[1], unfused[1]) < 8e-3
-    assert rel_err(fused[1], exact[1]) <= rel_err(unfused[1], exact[1]) + 1e-6
+    for index in (1, 2):
+        assert rel_err(fused[index], unfused[index]) < 8e-3
+        assert rel_err(fused[index], exact[index]) <= rel_err(unfused[index], exact[index]) + 1e-6
     assert rel_err(fused[1], exact[1]) < 2e-2 and rel_err(fused[2], exact[2]) < 2e-2
 
 
-def test_opcheck_input_grad(device):
-    from srope.ops.triton.projection import _input_grad_op
+def test_opcheck_backward(device):
+    from srope.ops.triton.projection import _backward_op
 
     dy, y, inv_norm, weight, x = grad_inputs(5, 2, 16, 18, torch.bfloat16, device, seed=2)
-    for write_low in (True, False):
-        torch.library.opcheck(_input_grad_op, (dy, y, inv_norm, weight, x, write_low))
+    for weight_grad in (True, False):
+        torch.library.opcheck(_backward_op, (dy, y, inv_norm, weight, x, weight_grad))

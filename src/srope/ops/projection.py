@@ -5,9 +5,10 @@ chunk ``x_h``. Since the normalisation is one scalar per token and head, it is a
 the small output instead of the input: x̂ (the size of the block input, in float32) is
 never built, and every head's maps (the ω projection and the first layers of the gate)
 share one read of x. The weight gradient, a reduction over all tokens into a small
-matrix, is split into slabs of :data:`SLAB` tokens so that it fills the GPU (one long
-reduction ran on a few dozen thread blocks: 1.2 ms of the generator's 3.3 ms at
-8 × 4096 tokens on the H200).
+matrix, is split into slabs of tokens so that it fills the GPU (one long reduction ran on
+a few dozen thread blocks: 1.2 ms of the generator's 3.3 ms at 8 × 4096 tokens on the
+H200): :data:`SLAB` tokens each on the torch route; on CUDA the fused backward kernel
+sums its own slabs (srope.ops.triton.projection).
 
 The forward always runs to the accuracy of the inputs' dtype (float32 or float64): the
 outputs become angle increments that are summed over the whole sequence. (On CUDA the
@@ -23,8 +24,8 @@ from __future__ import annotations
 import torch
 
 SLAB = 2048  # tokens per partial weight gradient
-# On CUDA, the float32 forward and the low-precision backward's input gradient run as Triton
-# kernels (srope.ops.triton.projection); False takes the torch routes (the tests compare them).
+# On CUDA, the float32 forward and the low-precision backward run as Triton kernels
+# (srope.ops.triton.projection); False takes the torch routes (the tests compare them).
 FUSED = True
 
 
@@ -70,26 +71,24 @@ class _NormalizedHeadProjection(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         x, weight, inv_norm, y = ctx.saved_tensors
         low = ctx.grad_dtype != x.dtype
-        dx = dw = x_low = dz_low = None
+        dx = dw = None
         if ctx.needs_input_grad[0] and low and FUSED and x.is_cuda and x.dtype == torch.float32:
-            from srope.ops.triton.projection import projection_input_grad
+            from srope.ops.triton.projection import projection_backward
 
-            dx, x_low, dz_low = projection_input_grad(dy, y, inv_norm, weight.to(ctx.grad_dtype), x, ctx.needs_input_grad[1])
-        else:
-            dz_low = (dy * inv_norm[..., None]).to(ctx.grad_dtype)  # products in grad_dtype, the rest in x's
-            if ctx.needs_input_grad[0]:
-                # d/dx of r(x)·z(x), r = (|x|² + ε)^(-1/2), z = x @ W: the map's gradient scaled
-                # by r, plus x · dr/d|x|² · 2 (dy·z) = -r³ (dy·z) x = -r² (dy·y) x.
-                d_norm = -(dy * y).sum(-1) * inv_norm.square()  # [N, H]
-                # The product is written in place in [N, H, I] order (cuBLAS takes the
-                # strides), so that the add of the norm's term reads contiguous memory.
-                product = torch.empty(x.shape, dtype=dz_low.dtype, device=x.device)
-                torch.bmm(dz_low.transpose(0, 1), weight.to(product.dtype).mT, out=product.transpose(0, 1))
-                dx = torch.addcmul(product, x, d_norm[..., None]) if low else product.addcmul_(x, d_norm[..., None])
+            dx, dw = projection_backward(dy, y, inv_norm, weight.to(ctx.grad_dtype), x, ctx.needs_input_grad[1])
+            return dx, dw, None, None
+        dz_low = (dy * inv_norm[..., None]).to(ctx.grad_dtype)  # products in grad_dtype, the rest in x's
+        if ctx.needs_input_grad[0]:
+            # d/dx of r(x)·z(x), r = (|x|² + ε)^(-1/2), z = x @ W: the map's gradient scaled
+            # by r, plus x · dr/d|x|² · 2 (dy·z) = -r³ (dy·z) x = -r² (dy·y) x.
+            d_norm = -(dy * y).sum(-1) * inv_norm.square()  # [N, H]
+            # The product is written in place in [N, H, I] order (cuBLAS takes the
+            # strides), so that the add of the norm's term reads contiguous memory.
+            product = torch.empty(x.shape, dtype=dz_low.dtype, device=x.device)
+            torch.bmm(dz_low.transpose(0, 1), weight.to(product.dtype).mT, out=product.transpose(0, 1))
+            dx = torch.addcmul(product, x, d_norm[..., None]) if low else product.addcmul_(x, d_norm[..., None])
         if ctx.needs_input_grad[1]:
-            if x_low is None:
-                x_low = x.to(ctx.grad_dtype)
-            dw = _weight_grad(x_low, dz_low).to(x.dtype)
+            dw = _weight_grad(x.to(ctx.grad_dtype), dz_low).to(x.dtype)
         return dx, dw, None, None
 
 

@@ -1,4 +1,4 @@
-"""The generator's normalised per-head projection as Triton kernels: forward and input gradient.
+"""The generator's normalised per-head projection as Triton kernels: forward and backward.
 
 :func:`srope.ops.projection.normalized_head_projection` computes ``y = r · x @ weight`` per
 token n and head h, ``r = (|x|² + ε)^(-1/2)``. On CUDA its float32 forward and its
@@ -22,18 +22,21 @@ At 8 × 4096 tokens × 1024 it takes 0.129 ms of kernels with the weight's split
 TF32 the product alone takes 0.068 but errs by 2.9e-4), and 0.25 for a ``tf32x3`` kernel
 (results/tune_projection_forward_tried_h200.json).
 
-**Input gradient** (:func:`projection_input_grad`), with ``dz = r · dy`` rounded to
-bf16/fp16 and everything else in float32::
+**Backward** (:func:`projection_backward`), with ``dz = r · dy`` and x rounded to bf16/fp16
+and everything else in float32::
 
     dx[n, h, :] = dz[n, h, :] @ weight[h]ᵀ - r² (dy · y)[n, h] · x[n, h, :]
+    dw[h] = Σ_n x_low[n, h]ᵀ dz[n, h]
 
-With torch: multiplies and a reduction over dy, a cast, a cuBLAS product written to memory
-and read back by a mixed-dtype add (not vectorised, 0.19 ms at 8 × 4096 tokens × 1024 on the
-H200), a cast of x: 0.42 ms of kernels (benchmarks/tune_projection_grad.py). Here each
-program forms dz and the norm's coefficient from its dy and y tiles, multiplies on tensor
-cores, adds the norm's term, and writes dx, plus the rounded x and dz that the weight
-gradient's cuBLAS products read: 0.21 ms. x is read once and nothing else of its size is
-written.
+Each program takes a slab of tokens of one head and a slice of its inputs: per step of BN
+tokens it forms dz and the norm's coefficient from its dy and y tiles, multiplies on
+tensor cores, adds the norm's term and writes dx, and adds the step's ``x_lowᵀ dz`` to the
+slab's weight gradient, kept in float32 registers and written once; the slabs' partials
+are summed in a fixed order (deterministic). x is read once and nothing else of its size
+is written. At 8 × 4096 tokens × 1024 on the H200: 0.25 ms, against 0.54 for the torch
+route (casts, cuBLAS bf16 products that return bf16, a mixed-dtype add), and 0.18 + 0.09
+ms for the previous split into an input-gradient kernel and cuBLAS weight-gradient
+products (benchmarks/tune_projection_grad.py).
 """
 
 from __future__ import annotations
@@ -46,96 +49,148 @@ from srope.ops.triton.ops import interpreting, on_device
 
 
 @triton.jit
-def input_grad_kernel(
-    dy, y, inv_norm, weight, x, dx, x_low, dz_low,
-    N, x_n,
+def _column_grads(dy, y, weight, offsets_n, mn, r, w, start, acc, dot_y, M: tl.constexpr, BM: tl.constexpr, UPCAST: tl.constexpr):
+    """Columns ``start + [0, BM)``: dz = r·dy rounded to the weight's dtype, ``acc += dz @ wᵀ``
+    and ``dot_y += Σ dy·y`` over them; returns dz for the weight gradient."""
+    mm = start + tl.arange(0, BM)
+    tile = mn[:, None] & (mm < M)[None, :]
+    g = tl.load(dy + offsets_n[:, None] + mm[None, :], mask=tile, other=0.0)
+    dot_y += tl.sum(g * tl.load(y + offsets_n[:, None] + mm[None, :], mask=tile, other=0.0), axis=1)
+    z = (g * r[:, None]).to(weight.dtype.element_ty, fp_downcast_rounding="rtne")
+    if UPCAST:
+        z = z.to(tl.float32)
+    return tl.dot(z, tl.trans(w), acc), dot_y, z
+
+
+@triton.jit
+def _load_weight(weight, h, ii, mi, start, I: tl.constexpr, M: tl.constexpr, BM: tl.constexpr, UPCAST: tl.constexpr):
+    mm = start + tl.arange(0, BM)
+    w = tl.load(weight + (h * I + ii[:, None]) * M + mm[None, :], mask=mi[:, None] & (mm < M)[None, :], other=0.0)
+    return w.to(tl.float32) if UPCAST else w
+
+
+@triton.jit
+def _store_weight_grad(dw, grad, ps, h, ii, mi, start, H: tl.constexpr, I: tl.constexpr, M: tl.constexpr, BM: tl.constexpr):
+    mm = start + tl.arange(0, BM)
+    tl.store(dw + ((ps * H + h) * I + ii[:, None]) * M + mm[None, :], grad, mask=mi[:, None] & (mm < M)[None, :])
+
+
+@triton.jit
+def backward_kernel(
+    dy, y, inv_norm, weight, x, dx, dw,
+    N, x_n, tokens,
     H: tl.constexpr, I: tl.constexpr, M: tl.constexpr,
-    BN: tl.constexpr, BI: tl.constexpr, BM: tl.constexpr, WRITE_LOW: tl.constexpr, UPCAST: tl.constexpr,
+    BN: tl.constexpr, BI: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr, TWO: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Program (token block, head, slice of the head chunk): ``dx`` and ``x_low`` there; the
-    programs of the first slice also write ``dz_low``. ``UPCAST``: multiply in float32 (the
-    interpreter's dot misreads bf16 operands; products of 16-bit numbers are exact in
-    float32, so only the summation order differs)."""
-    pn, h, pi = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    nn = pn * BN + tl.arange(0, BN)
+    """Program (slab of ``tokens`` tokens, head, slice of BI inputs of the head chunk): ``dx``
+    there, in steps of BN tokens, and (WEIGHT_GRAD) the slab's share of the weight gradient
+    ``Σ x_lowᵀ dz`` over them, accumulated in registers and written as one partial
+    ``dw[slab, h]``. The weight's tile is loaded once. Columns as in the forward: the first
+    BM1 and, if TWO, the next BM2. ``UPCAST``: multiply in float32 (the interpreter's dot
+    misreads 16-bit operands; products of 16-bit numbers are exact in float32, so only the
+    summation order differs)."""
+    ps, h, pi = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ii = pi * BI + tl.arange(0, BI)
-    mn, mi = nn < N, ii < I
-    rows = nn.to(tl.int64)  # x's offsets pass 2^31 at 2^21 tokens of 1024
-    r = tl.load(inv_norm + nn * H + h, mask=mn, other=0.0)
-    acc = tl.zeros([BN, BI], dtype=tl.float32)
-    dot_y = tl.zeros([BN], dtype=tl.float32)
-    for start in range(0, M, BM):
-        mm = start + tl.arange(0, BM)
-        tile = mn[:, None] & (mm < M)[None, :]
-        offsets = (rows[:, None] * H + h) * M + mm[None, :]
-        g = tl.load(dy + offsets, mask=tile, other=0.0)
-        dot_y += tl.sum(g * tl.load(y + offsets, mask=tile, other=0.0), axis=1)
-        g = (g * r[:, None]).to(weight.dtype.element_ty, fp_downcast_rounding="rtne")
-        if WRITE_LOW:
-            tl.store(dz_low + offsets, g, mask=tile & (pi == 0))
-        w = tl.load(weight + (h * I + ii[:, None]) * M + mm[None, :], mask=mi[:, None] & (mm < M)[None, :], other=0.0)
-        if UPCAST:
-            g, w = g.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(g, tl.trans(w), acc)
-    xs = tl.load(x + rows[:, None] * x_n + h * I + ii[None, :], mask=mn[:, None] & mi[None, :], other=0.0)
-    out = acc - xs * (dot_y * r * r)[:, None]
-    tl.store(dx + (rows[:, None] * H + h) * I + ii[None, :], out, mask=mn[:, None] & mi[None, :])
-    if WRITE_LOW:
-        tl.store(x_low + (rows[:, None] * H + h) * I + ii[None, :], xs.to(x_low.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mn[:, None] & mi[None, :])
+    mi = ii < I
+    w1 = _load_weight(weight, h, ii, mi, 0, I, M, BM1, UPCAST)
+    w2 = _load_weight(weight, h, ii, mi, BM1, I, M, BM2, UPCAST)  # all masked unless TWO
+    grad1 = tl.zeros([BI, BM1], dtype=tl.float32)
+    grad2 = tl.zeros([BI, BM2], dtype=tl.float32)
+    first = ps * tokens
+    for start in range(first, tl.minimum(first + tokens, N), BN):
+        nn = start + tl.arange(0, BN)
+        mn = nn < N
+        rows = nn.to(tl.int64)  # x's offsets pass 2^31 at 2^21 tokens of 1024
+        r = tl.load(inv_norm + rows * H + h, mask=mn, other=0.0)
+        offsets_n = (rows * H + h) * M
+        acc = tl.zeros([BN, BI], dtype=tl.float32)
+        dot_y = tl.zeros([BN], dtype=tl.float32)
+        acc, dot_y, z1 = _column_grads(dy, y, weight, offsets_n, mn, r, w1, 0, acc, dot_y, M, BM1, UPCAST)
+        if TWO:
+            acc, dot_y, z2 = _column_grads(dy, y, weight, offsets_n, mn, r, w2, BM1, acc, dot_y, M, BM2, UPCAST)
+        tile = mn[:, None] & mi[None, :]
+        xs = tl.load(x + rows[:, None] * x_n + h * I + ii[None, :], mask=tile, other=0.0)
+        tl.store(dx + (rows[:, None] * H + h) * I + ii[None, :], acc - xs * (dot_y * r * r)[:, None], mask=tile)
+        if WEIGHT_GRAD:
+            x_low = tl.trans(xs.to(weight.dtype.element_ty, fp_downcast_rounding="rtne"))
+            if UPCAST:
+                x_low = x_low.to(tl.float32)
+            grad1 = tl.dot(x_low, z1, grad1)
+            if TWO:
+                grad2 = tl.dot(x_low, z2, grad2)
+    if WEIGHT_GRAD:
+        _store_weight_grad(dw, grad1, ps, h, ii, mi, 0, H, I, M, BM1)
+        if TWO:
+            _store_weight_grad(dw, grad2, ps, h, ii, mi, BM1, H, I, M, BM2)
 
 
-# BN tokens x BI of the chunk per program, in steps of BM outputs, with this many warps: the
-# fastest of the tiles benchmarks/tune_projection_grad.py measured on the H200.
-GRAD_TILE = (64, 128, 16, 8)  # BN, BI, BM, warps
+# BN tokens x BI of the head chunk per step, with this many warps and pipeline stages, and
+# at least SLAB tokens per program: 0.246 ms at the GLA-370M shape on the H200, the fastest
+# of the 12 tiles x slabs benchmarks/tune_projection_grad.py measured (64 x 64 and 32-token
+# steps 0.30-0.51, 16 warps 0.29, 1024-token slabs 0.254; results/tune_projection_backward*_h200.json).
+# It needs 255 registers, one 8-warp program per SM.
+BACKWARD_TILE = (64, 128, 8, 1)  # BN, BI, warps, stages
+SLAB = 2048
+MAX_SLABS = 256  # the partial weight gradients take at most this many times the weight's size
 
 
-@torch.library.custom_op("srope::normalized_projection_input_grad", mutates_args=())
-def _input_grad_op(
-    dy: torch.Tensor, y: torch.Tensor, inv_norm: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, write_low: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def slab_tokens(count: int, block_n: int, slab: int) -> int:
+    """Tokens per program: ``slab``, or more where that would make over MAX_SLABS
+    partials; a multiple of ``block_n``."""
+    tokens = max(slab, triton.cdiv(count, MAX_SLABS))
+    return triton.cdiv(tokens, block_n) * block_n
+
+
+@torch.library.custom_op("srope::normalized_projection_backward", mutates_args=())
+def _backward_op(
+    dy: torch.Tensor, y: torch.Tensor, inv_norm: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, weight_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
         x = x.contiguous()
     count, heads, chunk = x.shape
     width = weight.shape[2]
     dy, y, inv_norm, weight = dy.contiguous(), y.contiguous(), inv_norm.contiguous(), weight.contiguous()
     dx = torch.empty(count, heads, chunk, dtype=x.dtype, device=x.device)
-    low = count if write_low else 0
-    x_low = torch.empty(low, heads, chunk, dtype=weight.dtype, device=x.device)
-    dz_low = torch.empty(low, heads, width, dtype=weight.dtype, device=x.device)
-    block_n, block_i, block_m, warps = (16, 16, 16, 4) if interpreting() else GRAD_TILE
-    if count > 0:
-        with on_device(x):
-            input_grad_kernel[(triton.cdiv(count, block_n), heads, triton.cdiv(chunk, block_i))](
-                dy, y, inv_norm, weight, x, dx, x_low, dz_low, count, x.stride(0),
-                H=heads, I=chunk, M=width, BN=block_n, BI=block_i, BM=block_m, WRITE_LOW=write_low, UPCAST=interpreting(),
-                num_warps=warps,
-            )
-    return dx, x_low, dz_low
+    block_n, block_i, warps, stages = (16, 16, 4, 1) if interpreting() else BACKWARD_TILE
+    block_i = min(block_i, max(16, triton.next_power_of_2(chunk)))
+    tokens = slab_tokens(count, block_n, 32 if interpreting() else SLAB)
+    slabs = triton.cdiv(count, tokens) if weight_grad else 0
+    if count == 0 or width == 0:
+        return dx.zero_(), torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
+    partial = torch.empty(slabs, heads, chunk, width, dtype=torch.float32, device=x.device)
+    first, rest = column_blocks(width)
+    with on_device(x):
+        backward_kernel[(triton.cdiv(count, tokens), heads, triton.cdiv(chunk, block_i))](
+            dy, y, inv_norm, weight, x, dx, partial, count, x.stride(0), tokens,
+            H=heads, I=chunk, M=width, BN=block_n, BI=block_i, BM1=first, BM2=max(rest, 16), TWO=rest > 0,
+            WEIGHT_GRAD=weight_grad, UPCAST=interpreting(), num_warps=warps, num_stages=stages,
+        )
+    # (without the weight gradient: zeros of its shape, which the caller drops)
+    return dx, partial[0] if slabs == 1 else partial.sum(0)  # a fixed order: deterministic
 
 
-@_input_grad_op.register_fake
-def _input_grad_op_fake(dy, y, inv_norm, weight, x, write_low):
-    count, heads, chunk = x.shape
-    low = count if write_low else 0
-    return (x.new_empty((count, heads, chunk)), x.new_empty((low, heads, chunk), dtype=weight.dtype),
-            x.new_empty((low, heads, weight.shape[2]), dtype=weight.dtype))
+@_backward_op.register_fake
+def _backward_op_fake(dy, y, inv_norm, weight, x, weight_grad):
+    return x.new_empty(x.shape), x.new_empty(weight.shape)
 
 
-def projection_input_grad(
-    dy: torch.Tensor, y: torch.Tensor, inv_norm: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, write_low: bool = True
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The input gradient of ``y = r · x @ weight``, ``r = (|x|² + ε)^(-1/2)`` per token and
-    head (:func:`srope.ops.projection.normalized_head_projection`), with 16-bit products.
+def projection_backward(
+    dy: torch.Tensor, y: torch.Tensor, inv_norm: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, weight_grad: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The gradients of ``y = r · x @ weight``, ``r = (|x|² + ε)^(-1/2)`` per token and head
+    (:func:`srope.ops.projection.normalized_head_projection`), with 16-bit products.
 
     Args:
         dy: ``[N, H, M]`` float32, the gradient of y.
         y, inv_norm: ``[N, H, M]`` and ``[N, H]`` float32, the forward's outputs.
         weight: ``[H, I, M]`` bfloat16 or float16, the weight rounded to the products' dtype.
         x: ``[N, H, I]`` float32 (the last two dimensions contiguous, any token stride).
-        write_low: also return x and ``dz = r · dy`` rounded to the weight's dtype (for
-            the weight gradient ``Σ_n x_lowᵀ dz_low``), else None for both.
+        weight_grad: also return the weight's gradient, else None for it.
 
-    Returns ``dx [N, H, I]`` float32, ``x_low [N, H, I]`` and ``dz_low [N, H, M]`` (or None).
+    Returns ``dx [N, H, I]`` and ``dw [H, I, M]`` (or None), float32: with ``dz = r · dy``
+    and x rounded to the weight's dtype, ``dx = dz @ weightᵀ - r²(dy·y)·x`` and
+    ``dw = Σ_n x_lowᵀ dz``, accumulated in float32.
     """
     if weight.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"weight must be bfloat16 or float16 (the products' dtype), got {weight.dtype}")
@@ -152,8 +207,8 @@ def projection_input_grad(
         raise ValueError("dy, y, inv_norm, weight and x must be on one device")
     if x.device.type != "cuda" and not interpreting():
         raise ValueError(f"the fused projection gradient needs CUDA tensors, or TRITON_INTERPRET=1; got {x.device}")
-    dx, x_low, dz_low = _input_grad_op(dy, y, inv_norm, weight, x, write_low)
-    return (dx, x_low, dz_low) if write_low else (dx, None, None)
+    dx, dw = _backward_op(dy, y, inv_norm, weight, x, weight_grad)
+    return dx, dw if weight_grad else None
 
 
 # --------------------------------------------------------------------------- forward
