@@ -127,9 +127,9 @@ def backward_kernel(
 
 # BN tokens x BI of the head chunk per step, with this many warps and pipeline stages, and
 # at least SLAB tokens per program: 0.246 ms at the GLA-370M shape on the H200, the fastest
-# of the 12 tiles x slabs benchmarks/tune_projection_grad.py measured (64 x 64 and 32-token
-# steps 0.30-0.51, 16 warps 0.29, 1024-token slabs 0.254; results/tune_projection_backward*_h200.json).
-# It needs 255 registers, one 8-warp program per SM.
+# of 11 tiles at 2-3 slab sizes that benchmarks/tune_projection_grad.py measured (64-input
+# slices or 32-token steps 0.27-0.51, 16 warps 0.29, 1024-token slabs 0.254;
+# results/tune_projection_backward*_h200.json). It needs 255 registers: one program per SM.
 BACKWARD_TILE = (64, 128, 8, 1)  # BN, BI, warps, stages
 SLAB = 2048
 MAX_SLABS = 256  # the partial weight gradients take at most this many times the weight's size
