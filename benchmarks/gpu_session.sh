@@ -262,6 +262,20 @@ stage_final7() {  # the fused weight gradient's larger tiles, its tests, every G
   stage_gatemodel
 }
 
+stage_final8() {  # the generator's cast shared with the host's linear maps: projection tests, every GPU test, the GLA layer, its profile, the model, the CUDA model checks
+  run 100 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu_projection.xml
+  stage_gputests
+  stage_gatelayer
+  run 150 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
+  stage_gatemodel
+  run 200 $FAST benchmarks/check_cuda_models.py --out $R/models_cuda_h200.json
+}
+
+stage_final9() {  # the final code's GPU tests: the projection's (with their tolerances for recompiled variants), then every GPU test
+  run 100 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu_projection.xml
+  stage_gputests
+}
+
 stage_gputests() {  # every GPU test (one autotune candidate per kernel), its log and junit xml returned
   run ${TEST_LIMIT:-450} $FAST -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider -rA \
     --junitxml=$R/pytest_gpu.xml > $R/pytest_gpu.log 2>&1

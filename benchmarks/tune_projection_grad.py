@@ -91,7 +91,7 @@ def main() -> None:
     exact = (torch.einsum("nhi,him->nhm", x.double() * r64[..., None], weight.double()), r64)
     measure("forward torch", torch_forward, exact, forward_bytes, report, args.out, "float64")
     for tile in () if args.backward_only else FORWARD_TILES:
-        measure(f"forward fused {tile}", with_tile(tile, lambda: fused._forward_op(x, weight, eps), "FORWARD_TILE"),
+        measure(f"forward fused {tile}", with_tile(tile, lambda: fused._forward_op(x, weight, eps, None), "FORWARD_TILE"),
                 exact, forward_bytes, report, args.out, "float64")
     del exact, r64
 
@@ -111,7 +111,7 @@ def main() -> None:
     measure("backward torch", torch_grad, reference, grad_bytes, report, args.out)
     for tile in BACKWARD_TILES:
         for slab in SLABS:
-            run = with_tile(tile, lambda: fused._backward_op(dy, y, inv_norm, weight_low, x, True), "BACKWARD_TILE")
+            run = with_tile(tile, lambda: fused._backward_op(dy, y, inv_norm, weight_low, x, None, True), "BACKWARD_TILE")
             measure(f"backward fused {tile} slab {slab}", with_tile(slab, run, "SLAB"), reference, grad_bytes, report, args.out)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from srope.modules import RoPE, RoPEState, SelectiveRoPE, SelectiveRoPEState, build_position_encoding, temperature_spectrum
+from srope.modules import PositionEncoding, RoPE, RoPEState, SelectiveRoPE, SelectiveRoPEState, build_position_encoding, temperature_spectrum
 from tests.helpers import generator, randn, rel_err
 
 HIDDEN, HEADS, KEY_HEADS, HEAD_DIM = 12, 4, 2, 8
@@ -420,3 +420,63 @@ def test_rope_state_checked():
     q = torch.zeros(2, 3, HEADS, HEAD_DIM)
     with pytest.raises(ValueError, match="state.position must have shape"):
         module(q, q, state=RoPEState(torch.zeros(3, dtype=torch.long)))
+
+
+@pytest.mark.parametrize("kind,options", CONFIGS, ids=IDS)
+def test_prepare_shares_one_cast(kind, options):
+    """``prepare(x).linear`` is x without autocast, and under autocast x cast once (bitwise
+    autocast's cast). Selective RoPE's prepare also runs its projection and returns that
+    cast through it: the rotated q and k are bitwise those of the base route (a plain cast),
+    and x's gradient through both the host's map and the rotation is the base route's (where
+    autograd adds the two), to float32 rounding."""
+    module = make_module(kind, options, dtype=torch.float32)
+    q, k, x = make_inputs(2, 7, seed=8, dtype=torch.float32)
+    x.requires_grad_()
+    host_weight = randn(5, HIDDEN, seed_gen=generator(9), dtype=torch.float32)
+    assert module.prepare(x).linear is x and module.prepare(x).work is None
+
+    def run(prepare):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            inputs = prepare(x)
+            host = torch.nn.functional.linear(inputs.linear, host_weight)
+            out_q, out_k, _ = module(q, k, x, prepared=inputs)
+        loss = host.float().square().sum() + (out_q.float() * q).sum() + (out_k.float() * k).sum()
+        return inputs, out_q, out_k, torch.autograd.grad(loss, x)[0]
+
+    shared = run(module.prepare)
+    base = run(lambda t: PositionEncoding.prepare(module, t))
+    assert shared[0].linear.dtype == torch.bfloat16 and torch.equal(shared[0].linear, x.detach().bfloat16())
+    assert (shared[0].work is not None) == (kind == "selective_rope")
+    assert torch.equal(shared[1], base[1]) and torch.equal(shared[2], base[2])
+    assert rel_err(shared[3], base[3]) < 1e-6
+
+
+def test_prepared_must_come_from_this_x():
+    module = make_module("selective_rope", {}, dtype=torch.float32)
+    q, k, x = make_inputs(1, 4, seed=10, dtype=torch.float32)
+    with pytest.raises(ValueError, match="prepare"):
+        module(q, k, x, prepared=module.prepare(x.clone()))
+
+
+@pytest.mark.parametrize("host", ["gla", "gated_deltanet", "attention"])
+def test_host_layers_under_autocast_match_the_base_route(monkeypatch, host):
+    """A host layer under autocast with Selective RoPE: its output and x's gradient with the
+    generator's shared cast equal those with a plain cast (the base route)."""
+    from srope.layers import Attention, GatedDeltaNet, GatedLinearAttention
+
+    layers = {"gla": (GatedLinearAttention, dict(num_heads=4, use_short_conv=True)),
+              "gated_deltanet": (GatedDeltaNet, dict(num_heads=4, head_dim=16)), "attention": (Attention, dict(num_heads=4))}
+    cls, options = layers[host]
+    torch.manual_seed(0)
+    layer = cls(hidden_size=64, position={"type": "selective_rope"}, **options)
+    x = randn(2, 33, 64, seed_gen=generator(11), dtype=torch.float32).requires_grad_()
+
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer(x * 1.0)[0]
+        return out, torch.autograd.grad(out.float().square().sum(), x)[0]
+
+    shared = run()
+    monkeypatch.setattr(SelectiveRoPE, "prepare", PositionEncoding.prepare)
+    base = run()
+    assert torch.equal(shared[0], base[0]) and rel_err(shared[1], base[1]) < 1e-6

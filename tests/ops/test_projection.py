@@ -81,3 +81,30 @@ def test_low_precision_backward(monkeypatch, grad_dtype, tokens):
 def test_bad_grad_dtype_raises():
     with pytest.raises(TypeError, match="grad_dtype"):
         normalized_head_projection(torch.randn(4, 2, 3), torch.randn(2, 3, 5), 1e-6, torch.float64)
+
+
+@pytest.mark.parametrize("cast", [torch.bfloat16, torch.float16])
+def test_cast_and_its_gradient(cast):
+    """With ``cast`` the function also returns x rounded to that dtype, and the gradient a
+    map of that copy sends back is added into x's: exactly the plain gradient plus it, as
+    autograd would add the two; y and its gradient are untouched. Either output may go unused."""
+    gen = generator(5)
+    x = torch.randn(2, 9, 3, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(3, 16, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    grad_y = torch.randn(2, 9, 3, 8, generator=gen, dtype=torch.float64)
+    grad_cast = torch.randn(2, 9, 3, 16, generator=gen, dtype=torch.float64).to(cast)
+    plain = normalized_head_projection(x, weight, 1e-6)
+    y, x_cast = normalized_head_projection(x, weight, 1e-6, cast=cast)
+    assert torch.equal(y, plain) and x_cast.dtype == cast and torch.equal(x_cast, x.detach().to(cast))
+    expected = torch.autograd.grad(plain, (x, weight), grad_y)
+    both = torch.autograd.grad((y, x_cast), (x, weight), (grad_y, grad_cast))
+    assert torch.equal(both[0], expected[0] + grad_cast.double()) and torch.equal(both[1], expected[1])
+    y, x_cast = normalized_head_projection(x, weight, 1e-6, cast=cast)
+    assert torch.equal(torch.autograd.grad(y, x, grad_y)[0], expected[0])
+    y, x_cast = normalized_head_projection(x, weight, 1e-6, cast=cast)
+    assert torch.equal(torch.autograd.grad(x_cast, x, grad_cast)[0], grad_cast.double())
+
+
+def test_bad_cast_raises():
+    with pytest.raises(TypeError, match="cast"):
+        normalized_head_projection(torch.randn(4, 2, 3), torch.randn(2, 3, 5), 1e-6, cast=torch.float64)

@@ -82,13 +82,15 @@ def record_launches() -> list:
     decode._inputs_op(torch.zeros(8, 1024, **bf16), torch.zeros(4, 256, 68), torch.zeros(4), 64, 1e-6)  # GLA-370M, standard gate
     # the generator projection's backward at GLA-370M, with and without the weight gradient
     projection_grad.backward_kernel = Recorder(projection_grad.backward_kernel, "backward_kernel", calls)
-    for weight_grad in (True, False):
+    # (and with the host's gradient of the forward's cast added in)
+    for host_grad, weight_grad in ((None, True), (None, False), (torch.zeros(64, 4, 256, **bf16), True)):
         projection_grad._backward_op(torch.zeros(64, 4, 68), torch.zeros(64, 4, 68), torch.zeros(64, 4), torch.zeros(4, 256, 68, **bf16),
-                                     torch.zeros(64, 4, 256), weight_grad)
+                                     torch.zeros(64, 4, 256), host_grad, weight_grad)
     # and its float32 forward (with the weight's split)
     for name in ("split_weight_kernel", "forward_kernel"):
         setattr(projection_grad, name, Recorder(getattr(projection_grad, name), name, calls))
-    projection_grad._forward_op(torch.zeros(64, 4, 256), torch.zeros(4, 256, 68), 1e-6)
+    for cast in (None, torch.bfloat16):
+        projection_grad._forward_op(torch.zeros(64, 4, 256), torch.zeros(4, 256, 68), 1e-6, cast)
     return calls
 
 
@@ -142,7 +144,8 @@ def main() -> int:
             options = {"num_warps": warps, **{name: kwargs[name] for name in ("maxnreg", "num_stages") if name in kwargs}}
             compiled = triton.compile(ASTSource(recorder.fn, sig, constants), target=TARGET, options=options)
             ptx = compiled.asm["ptx"]
-            tile = {name: constants.get(name) for name in ("R", "BT", "ST", "F64") if name in constants}
+            tile = {name: constants.get(name) for name in ("R", "BT", "ST", "F64", "CAST", "HOST_GRAD", "WEIGHT_GRAD")
+                    if name in constants}
             print(json.dumps({"kernel": recorder.name, "warps": warps, **tile, **ptxas_report(ptx),
                               "approx": sorted(set(APPROX.findall(ptx)))}), flush=True)
     return 0

@@ -44,7 +44,7 @@ def test_forward_is_float32_accurate(count, heads, chunk, width, device):
     weight[:, :, 0] *= 1e-6
     if width > 2:
         weight[:, :, 1] = 0.0
-    y, inv_norm = projection_forward(x, weight, 1e-6)
+    y, inv_norm, _ = projection_forward(x, weight, 1e-6)
     expected, r, scale = float64_forward(x, weight, 1e-6)
     assert y.dtype == inv_norm.dtype == torch.float32 and y.shape == expected.shape and inv_norm.shape == r.shape
     assert ((inv_norm.double() - r).abs() <= 4e-7 * r).all()
@@ -63,12 +63,44 @@ def test_forward_zero_rows_and_strided_tokens(device):
     x = randn(9, 2, 16, seed_gen=gen).to(device, torch.float32)
     x[4] = 0.0
     weight = randn(2, 16, 18, seed_gen=gen).to(device, torch.float32)
-    y, inv_norm = projection_forward(x, weight, 1e-4)
+    y, inv_norm, _ = projection_forward(x, weight, 1e-4)
     assert (y[4] == 0).all() and torch.allclose(inv_norm[4], torch.full_like(inv_norm[4], 100.0))
     wide = torch.zeros(9, 3, 2, 16, device=device)
     wide[:, 1] = x
     strided = projection_forward(wide[:, 1], weight, 1e-4)
     assert torch.equal(strided[0], y) and torch.equal(strided[1], inv_norm)
+
+
+def assert_rounded(low, exact, dtype):
+    """``low`` is ``exact`` rounded to ``dtype``: to nearest when compiled; Triton's
+    interpreter rounds toward zero, so there one ulp."""
+    assert low.dtype == dtype and low.shape == exact.shape
+    if INTERPRET:
+        ulp = 2.0 ** -(7 if dtype == torch.bfloat16 else 10)
+        assert ((low.float() - exact).abs() <= exact.abs() * ulp).all()
+    else:
+        assert torch.equal(low, exact.to(dtype))
+
+
+@pytest.mark.parametrize("cast", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_forward_writes_the_cast(cast, device):
+    """With ``cast`` the kernel also writes x rounded to that dtype (to nearest when compiled;
+    the interpreter rounds toward zero: one ulp there), from any token stride, and y and r
+    stay float32-accurate (another compiled kernel: the compiler may contract its sums
+    differently, so not always bitwise the call without it on the H200); with no outputs r
+    and the cast still come out."""
+    gen = generator(6)
+    wide = randn(37, 3, 3, 24, seed_gen=gen, scale=3.0).to(device, torch.float32)
+    x = wide[:, 1]
+    weight = randn(3, 24, 21, seed_gen=gen).to(device, torch.float32)
+    y, inv_norm, x_cast = projection_forward(x, weight, 1e-6, cast)
+    plain = projection_forward(x, weight, 1e-6)
+    expected, r, scale = float64_forward(x, weight, 1e-6)
+    assert plain[2] is None and ((y.double() - expected).abs() <= 1e-6 * scale).all()
+    assert ((inv_norm.double() - r).abs() <= 4e-7 * r).all() and rel_err(y, plain[0]) < 1e-6
+    assert_rounded(x_cast, x, cast)
+    y, inv_norm, x_cast = projection_forward(x, weight[..., :0].contiguous(), 1e-6, cast)
+    assert y.shape == (37, 3, 0) and rel_err(inv_norm, plain[1]) < 1e-6 and torch.equal(x_cast, x.to(cast))
 
 
 def test_column_blocks():
@@ -98,7 +130,8 @@ def test_opcheck_forward(device):
     gen = generator(4)
     x = randn(5, 2, 16, seed_gen=gen).to(device, torch.float32)
     weight = randn(2, 16, 18, seed_gen=gen).to(device, torch.float32)
-    torch.library.opcheck(_forward_op, (x, weight, 1e-6))
+    for cast in (None, torch.bfloat16):
+        torch.library.opcheck(_forward_op, (x, weight, 1e-6, cast))
 
 
 GRAD_SHAPES = [(1, 1, 16, 16), (37, 3, 24, 21), (70, 2, 40, 68), (130, 2, 7, 5)]
@@ -159,6 +192,18 @@ def test_backward_rounds_to_nearest(dtype, device):
     expected_dx, expected_dw = float64_backward(*args, dtype)
     bound = 1e-6 if not INTERPRET else 2.0 ** -(7 if dtype == torch.bfloat16 else 10)
     assert rel_err(dx, expected_dx) < bound and rel_err(dw, expected_dw) < bound
+
+
+def test_backward_adds_the_host_gradient(device):
+    """``host_grad`` (the gradient of the forward's cast, any float dtype) is added into dx;
+    the weight gradient does not change."""
+    args = grad_inputs(70, 2, 40, 68, torch.bfloat16, device, seed=4)
+    host_grad = randn(70, 2, 40, seed_gen=generator(7)).to(device, torch.bfloat16)
+    dx, dw = projection_backward(*args, host_grad=host_grad)
+    plain = projection_backward(*args)
+    assert rel_err(dx, plain[0] + host_grad.float()) < 1e-6 and torch.equal(dw, plain[1])
+    with pytest.raises(ValueError, match="host_grad"):
+        projection_backward(*args, host_grad=host_grad[:, :1])
 
 
 def test_slab_tokens():
@@ -227,9 +272,31 @@ def test_projection_on_cuda_against_torch_route(monkeypatch, tokens):
     assert rel_err(fused[1], exact[1]) < 2e-2 and rel_err(fused[2], exact[2]) < 2e-2
 
 
+@pytest.mark.gpu
+def test_cast_on_cuda_against_torch_route(monkeypatch):
+    """The forward kernel's cast is torch's rounding, and the backward kernel adds the
+    cast's gradient into dx as the torch route does (to float32 rounding)."""
+    gen = generator(8)
+    x = randn(4101, 4, 256, seed_gen=gen).cuda().requires_grad_()
+    w = (randn(4, 256, 68, seed_gen=gen).cuda() / 16).requires_grad_()
+    grad_y, grad_cast = randn(4101, 4, 68, seed_gen=gen).cuda(), randn(4101, 4, 256, seed_gen=gen).cuda().bfloat16()
+
+    def run():
+        y, x_cast = projection.normalized_head_projection(x, w, 1e-6, torch.bfloat16, torch.bfloat16)
+        return (x_cast, *torch.autograd.grad((y, x_cast), (x, w), (grad_y, grad_cast)))
+
+    fused = run()
+    plain = torch.autograd.grad(projection.normalized_head_projection(x, w, 1e-6, torch.bfloat16), (x, w), grad_y)
+    assert torch.equal(fused[0], x.detach().bfloat16())
+    assert rel_err(fused[1], plain[0] + grad_cast.float()) < 1e-6 and torch.equal(fused[2], plain[1])
+    monkeypatch.setattr(projection, "FUSED", False)
+    unfused = run()
+    assert torch.equal(unfused[0], fused[0]) and rel_err(fused[1], unfused[1]) < 8e-3
+
+
 def test_opcheck_backward(device):
     from srope.ops.triton.projection import _backward_op
 
     dy, y, inv_norm, weight, x = grad_inputs(5, 2, 16, 18, torch.bfloat16, device, seed=2)
-    for weight_grad in (True, False):
-        torch.library.opcheck(_backward_op, (dy, y, inv_norm, weight, x, weight_grad))
+    for host_grad, weight_grad in ((None, True), (None, False), (x.to(torch.bfloat16), True)):
+        torch.library.opcheck(_backward_op, (dy, y, inv_norm, weight, x, host_grad, weight_grad))

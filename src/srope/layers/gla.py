@@ -88,11 +88,12 @@ class GatedLinearAttention(MixerLayer):
         self.check_input(x, attention_mask, cu_seqlens, state)
         batch, length, _ = x.shape
         layout = RowLayout(batch, length, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
+        inputs = self.position.prepare(x)  # the linear maps read inputs.linear
         q, k, v, conv_state = self.project_qkv(
-            x, layout, state, (self.num_heads, self.num_kv_heads, self.num_kv_heads), (self.head_k_dim, self.head_k_dim, self.head_v_dim)
+            inputs.linear, layout, state, (self.num_heads, self.num_kv_heads, self.num_kv_heads), (self.head_k_dim, self.head_k_dim, self.head_v_dim)
         )
-        q, k, position_state = self.rotate(q, k, x, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
-        g = self.log_decay(x)
+        q, k, position_state = self.rotate(q, k, inputs, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
+        g = self.log_decay(inputs.linear)
         real = self.real_tokens(x, attention_mask)
         if real is not None:  # padded tokens neither write to nor decay the state
             k, v, g = k * real[..., None], v * real[..., None], g * real[..., None].to(g.dtype)
@@ -100,7 +101,7 @@ class GatedLinearAttention(MixerLayer):
             q, expand_heads(k, self.num_heads), expand_heads(v, self.num_heads), expand_heads(g, self.num_heads),
             initial_state=None if state is None else state.recurrent, output_final_state=use_cache, cu_seqlens=cu_seqlens,
         )
-        gate = None if self.g_proj is None else self.g_proj(x).unflatten(-1, (self.num_heads, self.head_v_dim))
+        gate = None if self.g_proj is None else self.g_proj(inputs.linear).unflatten(-1, (self.num_heads, self.head_v_dim))
         out = self.o_proj(self.g_norm(o.to(x.dtype), gate).flatten(-2))
         new_state = LayerState(conv=conv_state, position=position_state, recurrent=recurrent) if use_cache else None
         return out, new_state

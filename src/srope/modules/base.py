@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -10,10 +10,26 @@ from torch import nn
 from srope.ops.checks import check_cu_seqlens
 
 
+class HostInput(NamedTuple):
+    """What :meth:`PositionEncoding.prepare` returns for a block input x."""
+
+    linear: torch.Tensor  # what the host's linear maps read: x, or x cast once for autocast
+    source: torch.Tensor  # x itself
+    work: Any = None  # the encoding's own work on x, for its forward (Selective RoPE's projection)
+
+
+def autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """x cast to autocast's dtype if autocast is on and x is float32, else x."""
+    device = x.device.type
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(device):
+        return x.to(torch.get_autocast_dtype(device))
+    return x
+
+
 class PositionEncoding(nn.Module):
     """Base class of NoPE, RoPE and SelectiveRoPE.
 
-    ``forward(q, k, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False)
+    ``forward(q, k, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, prepared=None)
     -> (q, k, state)``
 
     - ``q [B, T, H, D]``, ``k [B, T, Hk, D]`` (``H % Hk == 0``): the host's queries and keys.
@@ -23,8 +39,17 @@ class PositionEncoding(nn.Module):
     - ``cu_seqlens [N+1]`` (``B == 1``): packed sequences; everything restarts per sequence.
     - ``state``: what a previous call returned with ``use_cache=True`` (per row, or per
       packed sequence); the call continues those sequences.
+    - ``prepared``: what :meth:`prepare` returned for this x, or None.
     - Returns the rotated q and k (same dtypes) and, with ``use_cache``, the new state.
+
+    A host calls ``prepare(x)`` first and runs its own linear maps on ``.linear``.
     """
+
+    def prepare(self, x: torch.Tensor) -> HostInput:
+        """The block input for the host's linear maps, and the encoding's own work on x (none
+        here). Under autocast, x (float32) is cast once and the cast is shared by every map:
+        autocast alone casts an x that is not a leaf once per map, forward and backward."""
+        return HostInput(autocast_input(x), x)
 
     def check_inputs(
         self,
@@ -33,8 +58,11 @@ class PositionEncoding(nn.Module):
         x: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
         cu_seqlens: torch.Tensor | None,
+        prepared: HostInput | None = None,
     ) -> int:
         """Validate the shared arguments; return N, the number of sequences."""
+        if prepared is not None and (not isinstance(prepared, HostInput) or prepared.source is not x):
+            raise ValueError("prepared must be what this encoding's prepare(x) returned for this x")
         for name, value in (("q", q), ("k", k)):
             if not isinstance(value, torch.Tensor) or value.dim() != 4:
                 shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
@@ -67,6 +95,6 @@ class PositionEncoding(nn.Module):
 class NoPE(PositionEncoding):
     """No position encoding: q and k pass through; the state is always None."""
 
-    def forward(self, q, k, x=None, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False):
-        self.check_inputs(q, k, x, attention_mask, cu_seqlens)
+    def forward(self, q, k, x=None, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, prepared=None):
+        self.check_inputs(q, k, x, attention_mask, cu_seqlens, prepared)
         return q, k, None

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from srope.modules.base import PositionEncoding
+from srope.modules.base import HostInput, PositionEncoding
 from srope.modules.conv import FirstDifference, ShortConvolution
 from srope.modules.spectra import SPECTRA, temperature_spectrum
 from srope.ops.layout import RowLayout
@@ -223,11 +223,18 @@ class SelectiveRoPE(PositionEncoding):
                 return self._first_layer_cache[1]
         blocks = [self.projection_weight(dtype)]
         if self.gate is not None:
-            first = self.gate if self.gate_type == "standard" else self.gate[0]
-            blocks.append(_per_head(first.weight, self.num_heads).to(dtype))
-        result = (torch.cat(blocks, dim=-1), [block.shape[-1] for block in blocks])
+            blocks.append(_per_head(self._gate_first_layer().weight, self.num_heads).to(dtype))
+        result = (torch.cat(blocks, dim=-1), self._first_layer_sizes())
         self._first_layer_cache = None if key is None else (key, result)
         return result
+
+    def _gate_first_layer(self) -> nn.Linear:
+        return self.gate if self.gate_type == "standard" else self.gate[0]
+
+    def _first_layer_sizes(self) -> list[int]:
+        """Per head, the output widths of the first layers: the ω map's, then the gate's."""
+        sizes = [self.pairs if self.projection == "full-rank" else self.proj[0].out_features]
+        return sizes + ([self._gate_first_layer().out_features] if self.gate is not None else [])
 
     def _fuses_gate(self, t: torch.Tensor) -> bool:
         """Whether the standard gate around the conv takes the fused Triton kernels
@@ -235,18 +242,42 @@ class SelectiveRoPE(PositionEncoding):
         return (self.projection == "full-rank" and self.gate_type == "standard" and t.dtype == torch.float32
                 and (FUSED_GATE == "always" or FUSED_GATE == "cuda" and t.is_cuda))
 
-    def generator_inputs(self, x: torch.Tensor, grad_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def project(self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, cast: torch.dtype | None = None):
+        """Every first layer acting on x̂ (x ℓ2-normalised per head chunk), in one
+        :func:`normalized_head_projection` (x̂ is never built): ``[B, T, Hk, M]`` in
+        max(float32, x.dtype); ``grad_dtype`` is the dtype of its backward products
+        (float32 inputs only). With ``cast``, also x cast to that dtype, whose gradient
+        comes back through the projection (:meth:`prepare`)."""
+        dtype = compute_dtype(x.dtype)
+        weight, _ = self._first_layers(dtype)
+        chunks = x.unflatten(-1, (self.num_heads, -1)).to(dtype)
+        grad_dtype = grad_dtype if dtype == torch.float32 else None
+        return normalized_head_projection(chunks, weight, self.norm_eps, grad_dtype, cast)
+
+    def prepare(self, x: torch.Tensor) -> HostInput:
+        """Under autocast with gradients, the generator's projection runs here and also
+        returns the host's cast of x, so that x gets one gradient (the projection's backward
+        adds the host's maps' share into its own) instead of two that autograd adds, and on
+        CUDA the cast costs no pass of its own. Otherwise as every encoding."""
+        device = x.device.type
+        if not (torch.is_grad_enabled() and x.dtype == torch.float32 and torch.is_autocast_enabled(device)):
+            return super().prepare(x)
+        grad_dtype = torch.get_autocast_dtype(device)
+        with torch.autocast(device, enabled=False):
+            projected, linear = self.project(x, grad_dtype, cast=grad_dtype)
+        return HostInput(linear.view(x.shape), x, projected)
+
+    def generator_inputs(
+        self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, projected: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """From the block input ``x [B, T, hidden]``: the projected increments before the
         conv, ``u = W_ω x̂`` ``[B, T, Hk·R]``, and the phase gate ``sigmoid(...)`` of x̂
         (``[B, T, Hk]``, per-channel ``[B, T, Hk·R]``; None without a gate), in
-        max(float32, x.dtype). x̂ is x ℓ2-normalised per head chunk; every first layer
-        acting on it runs in one :func:`normalized_head_projection` (x̂ is never built);
-        ``grad_dtype`` is the dtype of that function's backward products (float32 inputs only)."""
+        max(float32, x.dtype), from :meth:`project` (or its output ``projected``)."""
         dtype = compute_dtype(x.dtype)
-        weight, sizes = self._first_layers(dtype)
-        chunks = x.unflatten(-1, (self.num_heads, -1)).to(dtype)
-        grad_dtype = grad_dtype if dtype == torch.float32 else None
-        projected = normalized_head_projection(chunks, weight, self.norm_eps, grad_dtype)
+        sizes = self._first_layer_sizes()
+        if projected is None:
+            projected = self.project(x, grad_dtype)
         if self._fuses_gate(projected):
             from srope.ops.triton.head_gate import split_head_gate
 
@@ -262,18 +293,19 @@ class SelectiveRoPE(PositionEncoding):
         return u, torch.sigmoid(gate)
 
     def phase_increments(
-        self, x: torch.Tensor, layout: RowLayout, conv_state: torch.Tensor | None = None
+        self, x: torch.Tensor, layout: RowLayout, conv_state: torch.Tensor | None = None, projected: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """φ ``[B, T, Hk, R]`` from the block input, and the conv's final state.
 
         Computed in max(float32, x.dtype) with autocast off: the increments are summed over
         the whole sequence, so bf16 rounding of each would accumulate into the angles. Under
         autocast the backward's two large products (the ω map's input and weight gradients)
-        run in autocast's dtype, as autocast runs the rest of the backward."""
+        run in autocast's dtype, as autocast runs the rest of the backward. ``projected``:
+        :meth:`project`'s output for x, when :meth:`prepare` ran it."""
         device = x.device.type
         grad_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         with torch.autocast(device, enabled=False):
-            u, gate = self.generator_inputs(x, grad_dtype)
+            u, gate = self.generator_inputs(x, grad_dtype, projected)
             phi, conv_state = self.conv(u, layout, conv_state)
             if gate is not None and self._fuses_gate(phi):
                 from srope.ops.triton.head_gate import apply_head_gate
@@ -313,8 +345,8 @@ class SelectiveRoPE(PositionEncoding):
         )
         return q, k, SelectiveRoPEState(conv, phase)
 
-    def forward(self, q, k, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False):
-        count = self.check_inputs(q, k, x, attention_mask, cu_seqlens)
+    def forward(self, q, k, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, prepared=None):
+        count = self.check_inputs(q, k, x, attention_mask, cu_seqlens, prepared)
         if x is None:
             raise ValueError("SelectiveRoPE needs the block input x [B, T, hidden] to compute its angles")
         if x.shape[-1] != self.hidden_size:
@@ -336,7 +368,7 @@ class SelectiveRoPE(PositionEncoding):
                 q, k, new_state = self.decode_step(q, k, x, state)
                 return q, k, new_state if use_cache else None
         layout = RowLayout(*q.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
-        phi, conv_state = self.phase_increments(x, layout, conv_state)
+        phi, conv_state = self.phase_increments(x, layout, conv_state, None if prepared is None else prepared.work)
         if attention_mask is not None:
             phi = phi * (attention_mask != 0)[..., None, None]
         temperature = self.temperature(compute_dtype(q.dtype, phi.dtype), q.device)

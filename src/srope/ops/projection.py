@@ -49,12 +49,14 @@ def _weight_grad(x: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
 
 class _NormalizedHeadProjection(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype, cast: torch.dtype | None):
+        ctx.set_materialize_grads(False)  # an unused cast's gradient stays None
         if FUSED and x.is_cuda and x.dtype == torch.float32:
             from srope.ops.triton.projection import projection_forward
 
-            y, inv_norm = projection_forward(x, weight, eps)
+            y, inv_norm, x_cast = projection_forward(x, weight, eps, cast)
         else:
+            x_cast = None if cast is None else x.to(cast)
             inv_norm = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() + eps)  # [N, H]
             # Written in [N, H, M] order (cuBLAS takes the strides): the scaling below and every
             # reader downstream then see contiguous memory (a [H, N, M] product cost two
@@ -64,19 +66,21 @@ class _NormalizedHeadProjection(torch.autograd.Function):
             y.mul_(inv_norm[..., None])
         ctx.save_for_backward(x, weight, inv_norm, y)
         ctx.grad_dtype = grad_dtype
-        return y
+        return y if cast is None else (y, x_cast)
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the backward writes into views (bmm out=)
-    def backward(ctx, dy: torch.Tensor):
+    def backward(ctx, dy: torch.Tensor | None, d_cast: torch.Tensor | None = None):
         x, weight, inv_norm, y = ctx.saved_tensors
+        if dy is None:
+            dy = torch.zeros_like(y)
         low = ctx.grad_dtype != x.dtype
         dx = dw = None
         if ctx.needs_input_grad[0] and low and FUSED and x.is_cuda and x.dtype == torch.float32:
             from srope.ops.triton.projection import projection_backward
 
-            dx, dw = projection_backward(dy, y, inv_norm, weight.to(ctx.grad_dtype), x, ctx.needs_input_grad[1])
-            return dx, dw, None, None
+            dx, dw = projection_backward(dy, y, inv_norm, weight.to(ctx.grad_dtype), x, ctx.needs_input_grad[1], d_cast)
+            return dx, dw, None, None, None
         dz_low = (dy * inv_norm[..., None]).to(ctx.grad_dtype)  # products in grad_dtype, the rest in x's
         if ctx.needs_input_grad[0]:
             # d/dx of r(x)·z(x), r = (|x|² + ε)^(-1/2), z = x @ W: the map's gradient scaled
@@ -87,17 +91,27 @@ class _NormalizedHeadProjection(torch.autograd.Function):
             product = torch.empty(x.shape, dtype=dz_low.dtype, device=x.device)
             torch.bmm(dz_low.transpose(0, 1), weight.to(product.dtype).mT, out=product.transpose(0, 1))
             dx = torch.addcmul(product, x, d_norm[..., None]) if low else product.addcmul_(x, d_norm[..., None])
+            if d_cast is not None:
+                dx += d_cast
         if ctx.needs_input_grad[1]:
             dw = _weight_grad(x.to(ctx.grad_dtype), dz_low).to(x.dtype)
-        return dx, dw, None, None
+        return dx, dw, None, None, None
 
 
-def normalized_head_projection(x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype | None = None) -> torch.Tensor:
+def normalized_head_projection(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype | None = None, cast: torch.dtype | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``x̂_h @ weight[h]`` for ``x [..., H, I]`` and ``weight [H, I, M]``: ``[..., H, M]``.
 
     Same dtype for both (the generator's float32 or float64); no autocast inside.
     ``grad_dtype`` (default: that dtype) is the dtype of the backward's two matrix
-    products, float16 or bfloat16 for speed (the gradients come back in x's dtype)."""
+    products, float16 or bfloat16 for speed (the gradients come back in x's dtype).
+
+    ``cast`` (bfloat16 or float16): also return x rounded to that dtype, as autocast would
+    round it for other linear maps of x. Maps that read this copy send their gradient back
+    through this function, which adds it into x's: one gradient for x instead of two that
+    autograd adds (and, on CUDA, the copy is written by the forward kernel, which reads x
+    anyway). Returns ``(y, x_cast)`` then."""
     if x.dim() < 2 or weight.dim() != 3 or x.shape[-2:] != weight.shape[:2]:
         raise ValueError(f"x [..., H, I] and weight [H, I, M] must agree, got {tuple(x.shape)} and {tuple(weight.shape)}")
     if x.dtype != weight.dtype:
@@ -106,6 +120,11 @@ def normalized_head_projection(x: torch.Tensor, weight: torch.Tensor, eps: float
         grad_dtype = x.dtype
     if grad_dtype not in (x.dtype, torch.float16, torch.bfloat16):
         raise TypeError(f"grad_dtype must be None, {x.dtype}, torch.float16 or torch.bfloat16, got {grad_dtype}")
+    if cast not in (None, torch.float16, torch.bfloat16):
+        raise TypeError(f"cast must be None, torch.float16 or torch.bfloat16, got {cast}")
     lead = x.shape[:-2]
-    y = _NormalizedHeadProjection.apply(x.reshape(-1, *x.shape[-2:]), weight, eps, grad_dtype)
-    return y.reshape(*lead, *y.shape[-2:])
+    out = _NormalizedHeadProjection.apply(x.reshape(-1, *x.shape[-2:]), weight, eps, grad_dtype, cast)
+    if cast is None:
+        return out.reshape(*lead, *out.shape[-2:])
+    y, x_cast = out
+    return y.reshape(*lead, *y.shape[-2:]), x_cast.reshape(x.shape)

@@ -20,7 +20,9 @@ used: results/tune_projection_forward_chained_tried_h200.json, tune_projection_h
 At 8 × 4096 tokens × 1024 it takes 0.129 ms of kernels with the weight's split, against
 0.269 for the cuBLAS route it replaces (norm reduction, float32 SIMT product, broadcasting multiply; with
 TF32 the product alone takes 0.068 but errs by 2.9e-4), and 0.25 for a ``tf32x3`` kernel
-(results/tune_projection_forward_tried_h200.json).
+(results/tune_projection_forward_tried_h200.json). With ``cast`` the first pass also writes
+x rounded to bf16/fp16: the copy the host's linear maps read under autocast
+(:meth:`srope.modules.SelectiveRoPE.prepare`), at no extra read of x.
 
 **Backward** (:func:`projection_backward`), with ``dz = r · dy`` and x rounded to bf16/fp16
 and everything else in float32::
@@ -33,10 +35,12 @@ tokens it forms dz and the norm's coefficient from its dy and y tiles, multiplie
 tensor cores, adds the norm's term and writes dx, and adds the step's ``x_lowᵀ dz`` to the
 slab's weight gradient, kept in float32 registers and written once; the slabs' partials
 are summed in a fixed order (deterministic). x is read once and nothing else of its size
-is written. At 8 × 4096 tokens × 1024 on the H200: 0.25 ms, against 0.54 for the torch
-route (casts, cuBLAS bf16 products that return bf16, a mixed-dtype add), and 0.18 + 0.09
-ms for the previous split into an input-gradient kernel and cuBLAS weight-gradient
-products (benchmarks/tune_projection_grad.py).
+is written. With ``host_grad`` (the gradient the host's maps send back to that copy of x)
+dx also gets it added: x then gets one gradient instead of two that autograd adds. At
+8 × 4096 tokens × 1024 on the H200: 0.25 ms (0.236 with host_grad, in the layer), against
+0.54 for the torch route (casts, cuBLAS bf16 products that return bf16, a mixed-dtype add),
+and 0.18 + 0.09 ms for the previous split into an input-gradient kernel and cuBLAS
+weight-gradient products (benchmarks/tune_projection_grad.py).
 """
 
 from __future__ import annotations
@@ -77,16 +81,17 @@ def _store_weight_grad(dw, grad, ps, h, ii, mi, start, H: tl.constexpr, I: tl.co
 
 @triton.jit
 def backward_kernel(
-    dy, y, inv_norm, weight, x, dx, dw,
+    dy, y, inv_norm, weight, x, host_grad, dx, dw,
     N, x_n, tokens,
     H: tl.constexpr, I: tl.constexpr, M: tl.constexpr,
     BN: tl.constexpr, BI: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr, TWO: tl.constexpr,
-    WEIGHT_GRAD: tl.constexpr, UPCAST: tl.constexpr,
+    HOST_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Program (slab of ``tokens`` tokens, head, slice of BI inputs of the head chunk): ``dx``
     there, in steps of BN tokens, and (WEIGHT_GRAD) the slab's share of the weight gradient
     ``Σ x_lowᵀ dz`` over them, accumulated in registers and written as one partial
-    ``dw[slab, h]``. The weight's tile is loaded once. Columns as in the forward: the first
+    ``dw[slab, h]``. HOST_GRAD: dx also gets ``host_grad`` (the gradient of the forward's
+    16-bit copy of x, [N, H, I]). The weight's tile is loaded once. Columns as in the forward: the first
     BM1 and, if TWO, the next BM2. ``UPCAST``: multiply in float32 (the interpreter's dot
     misreads 16-bit operands; products of 16-bit numbers are exact in float32, so only the
     summation order differs)."""
@@ -111,7 +116,10 @@ def backward_kernel(
             acc, dot_y, z2 = _column_grads(dy, y, weight, offsets_n, mn, r, w2, BM1, acc, dot_y, M, BM2, UPCAST)
         tile = mn[:, None] & mi[None, :]
         xs = tl.load(x + rows[:, None] * x_n + h * I + ii[None, :], mask=tile, other=0.0)
-        tl.store(dx + (rows[:, None] * H + h) * I + ii[None, :], acc - xs * (dot_y * r * r)[:, None], mask=tile)
+        out = acc - xs * (dot_y * r * r)[:, None]
+        if HOST_GRAD:
+            out += tl.load(host_grad + (rows[:, None] * H + h) * I + ii[None, :], mask=tile, other=0.0).to(tl.float32)
+        tl.store(dx + (rows[:, None] * H + h) * I + ii[None, :], out, mask=tile)
         if WEIGHT_GRAD:
             x_low = tl.trans(xs.to(weight.dtype.element_ty, fp_downcast_rounding="rtne"))
             if UPCAST:
@@ -130,6 +138,9 @@ def backward_kernel(
 # of 11 tiles at 2-3 slab sizes that benchmarks/tune_projection_grad.py measured (64-input
 # slices or 32-token steps 0.27-0.51, 16 warps 0.29, 1024-token slabs 0.254;
 # results/tune_projection_backward*_h200.json). It needs 255 registers: one program per SM.
+# With the host's gradient added (HOST_GRAD) ptxas spills 152 bytes; loading that gradient
+# as the products' accumulator instead spilled 1080. In the GLA-370M layer the kernel then
+# took 0.236 ms against 0.213 without it, 0.014 of which is reading the gradient.
 BACKWARD_TILE = (64, 128, 8, 1)  # BN, BI, warps, stages
 SLAB = 2048
 MAX_SLABS = 256  # the partial weight gradients take at most this many times the weight's size
@@ -144,39 +155,43 @@ def slab_tokens(count: int, block_n: int, slab: int) -> int:
 
 @torch.library.custom_op("srope::normalized_projection_backward", mutates_args=())
 def _backward_op(
-    dy: torch.Tensor, y: torch.Tensor, inv_norm: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, weight_grad: bool
+    dy: torch.Tensor, y: torch.Tensor, inv_norm: torch.Tensor, weight: torch.Tensor, x: torch.Tensor,
+    host_grad: torch.Tensor | None, weight_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
         x = x.contiguous()
     count, heads, chunk = x.shape
     width = weight.shape[2]
     dy, y, inv_norm, weight = dy.contiguous(), y.contiguous(), inv_norm.contiguous(), weight.contiguous()
+    host_grad = None if host_grad is None else host_grad.contiguous()
     dx = torch.empty(count, heads, chunk, dtype=x.dtype, device=x.device)
     block_n, block_i, warps, stages = (16, 16, 4, 1) if interpreting() else BACKWARD_TILE
     block_i = min(block_i, max(16, triton.next_power_of_2(chunk)))
     tokens = slab_tokens(count, block_n, 32 if interpreting() else SLAB)
     slabs = triton.cdiv(count, tokens) if weight_grad else 0
     if count == 0 or width == 0:
-        return dx.zero_(), torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
+        dx = dx.zero_() if host_grad is None else host_grad.to(x.dtype, copy=True)
+        return dx, torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
     partial = torch.empty(slabs, heads, chunk, width, dtype=torch.float32, device=x.device)
     first, rest = column_blocks(width)
     with on_device(x):
         backward_kernel[(triton.cdiv(count, tokens), heads, triton.cdiv(chunk, block_i))](
-            dy, y, inv_norm, weight, x, dx, partial, count, x.stride(0), tokens,
+            dy, y, inv_norm, weight, x, dx if host_grad is None else host_grad, dx, partial, count, x.stride(0), tokens,
             H=heads, I=chunk, M=width, BN=block_n, BI=block_i, BM1=first, BM2=max(rest, 16), TWO=rest > 0,
-            WEIGHT_GRAD=weight_grad, UPCAST=interpreting(), num_warps=warps, num_stages=stages,
+            HOST_GRAD=host_grad is not None, WEIGHT_GRAD=weight_grad, UPCAST=interpreting(), num_warps=warps, num_stages=stages,
         )
     # (without the weight gradient: zeros of its shape, which the caller drops)
     return dx, partial[0] if slabs == 1 else partial.sum(0)  # a fixed order: deterministic
 
 
 @_backward_op.register_fake
-def _backward_op_fake(dy, y, inv_norm, weight, x, weight_grad):
+def _backward_op_fake(dy, y, inv_norm, weight, x, host_grad, weight_grad):
     return x.new_empty(x.shape), x.new_empty(weight.shape)
 
 
 def projection_backward(
-    dy: torch.Tensor, y: torch.Tensor, inv_norm: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, weight_grad: bool = True
+    dy: torch.Tensor, y: torch.Tensor, inv_norm: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, weight_grad: bool = True,
+    host_grad: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The gradients of ``y = r · x @ weight``, ``r = (|x|² + ε)^(-1/2)`` per token and head
     (:func:`srope.ops.projection.normalized_head_projection`), with 16-bit products.
@@ -187,10 +202,12 @@ def projection_backward(
         weight: ``[H, I, M]`` bfloat16 or float16, the weight rounded to the products' dtype.
         x: ``[N, H, I]`` float32 (the last two dimensions contiguous, any token stride).
         weight_grad: also return the weight's gradient, else None for it.
+        host_grad: ``[N, H, I]`` (any float dtype) or None: the gradient of the forward's
+            16-bit copy of x (:func:`projection_forward`'s ``cast``), added into dx.
 
     Returns ``dx [N, H, I]`` and ``dw [H, I, M]`` (or None), float32: with ``dz = r · dy``
-    and x rounded to the weight's dtype, ``dx = dz @ weightᵀ - r²(dy·y)·x`` and
-    ``dw = Σ_n x_lowᵀ dz``, accumulated in float32.
+    and x rounded to the weight's dtype, ``dx = dz @ weightᵀ - r²(dy·y)·x (+ host_grad)``
+    and ``dw = Σ_n x_lowᵀ dz``, accumulated in float32.
     """
     if weight.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"weight must be bfloat16 or float16 (the products' dtype), got {weight.dtype}")
@@ -203,11 +220,14 @@ def projection_backward(
             or tuple(inv_norm.shape) != (count, heads):
         raise ValueError(f"shapes disagree: dy {tuple(dy.shape)}, y {tuple(y.shape)}, inv_norm {tuple(inv_norm.shape)}, "
                          f"weight {tuple(weight.shape)}, x {tuple(x.shape)}")
-    if len({t.device for t in (dy, y, inv_norm, weight, x)}) != 1:
-        raise ValueError("dy, y, inv_norm, weight and x must be on one device")
+    if host_grad is not None and (tuple(host_grad.shape) != tuple(x.shape) or not host_grad.is_floating_point()):
+        raise ValueError(f"host_grad must be a floating-point tensor of x's shape {tuple(x.shape)}, got "
+                         f"{tuple(host_grad.shape)} {host_grad.dtype}")
+    if len({t.device for t in (dy, y, inv_norm, weight, x) + (() if host_grad is None else (host_grad,))}) != 1:
+        raise ValueError("dy, y, inv_norm, weight, x (and host_grad) must be on one device")
     if x.device.type != "cuda" and not interpreting():
         raise ValueError(f"the fused projection gradient needs CUDA tensors, or TRITON_INTERPRET=1; got {x.device}")
-    dx, dw = _backward_op(dy, y, inv_norm, weight, x, weight_grad)
+    dx, dw = _backward_op(dy, y, inv_norm, weight, x, host_grad, weight_grad)
     return dx, dw if weight_grad else None
 
 
@@ -273,13 +293,15 @@ def _store_columns(y, acc, scale, nn, mn, h, start, H: tl.constexpr, M: tl.const
 
 @triton.jit
 def forward_kernel(
-    x, w_hi, w_lo, scale, y, inv_norm, N, x_n, eps,
+    x, w_hi, w_lo, scale, y, inv_norm, x_cast, N, x_n, eps,
     H: tl.constexpr, I: tl.constexpr, M: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr, TWO: tl.constexpr, UPCAST: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr, TWO: tl.constexpr,
+    CAST: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Program (token block, head): ``r`` and ``y = (r·x) @ weight`` there, the products as
     float16 splits (module docstring) into the first BM1 columns and, if TWO, the next BM2.
-    x is read in chunks of BK inputs twice: for r, then (from L2) for the products."""
+    x is read in chunks of BK inputs twice: for r (and, if CAST, its copy rounded to
+    ``x_cast``'s dtype, [N, H, I]), then (from L2) for the products."""
     pn, h = tl.program_id(0), tl.program_id(1)
     nn = pn * BN + tl.arange(0, BN)
     mn = nn < N
@@ -287,8 +309,12 @@ def forward_kernel(
     squares = tl.zeros([BN], dtype=tl.float32)
     for start in range(0, I, BK):
         kk = start + tl.arange(0, BK)
-        xs = tl.load(rows + kk[None, :], mask=mn[:, None] & (kk < I)[None, :], other=0.0)
+        tile = mn[:, None] & (kk < I)[None, :]
+        xs = tl.load(rows + kk[None, :], mask=tile, other=0.0)
         squares += tl.sum(xs * xs, 1)
+        if CAST:
+            cast = xs.to(x_cast.dtype.element_ty, fp_downcast_rounding="rtne")
+            tl.store(x_cast + (nn[:, None].to(tl.int64) * H + h) * I + kk[None, :], cast, mask=tile)
     r = 1.0 / tl.sqrt_rn(squares + eps)
     acc1, corr1 = tl.zeros([BN, BM1], dtype=tl.float32), tl.zeros([BN, BM1], dtype=tl.float32)
     acc2, corr2 = tl.zeros([BN, BM2], dtype=tl.float32), tl.zeros([BN, BM2], dtype=tl.float32)
@@ -322,7 +348,9 @@ def column_blocks(width: int) -> tuple[int, int]:
 
 
 @torch.library.custom_op("srope::normalized_projection_forward", mutates_args=())
-def _forward_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_op(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cast: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
         x = x.contiguous()
     weight = weight.contiguous()
@@ -330,8 +358,13 @@ def _forward_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torc
     width = weight.shape[2]
     y = torch.empty(count, heads, width, dtype=x.dtype, device=x.device)
     inv_norm = torch.empty(count, heads, dtype=x.dtype, device=x.device)
+    x_cast = torch.empty(x.shape if cast is not None else (0, heads, chunk), dtype=cast or x.dtype, device=x.device)
     if count == 0 or width == 0:
-        return y, inv_norm
+        if count:  # no outputs: r and the cast still come out
+            inv_norm.copy_(torch.rsqrt(x.square().sum(-1) + eps))
+            if cast is not None:
+                x_cast.copy_(x)
+        return y, inv_norm, x_cast
     w_hi = torch.empty(weight.shape, dtype=torch.float16, device=x.device)
     w_lo = torch.empty_like(w_hi)
     scale = torch.empty(heads, width, dtype=torch.float32, device=x.device)
@@ -340,19 +373,22 @@ def _forward_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torc
     with on_device(x):
         split_weight_kernel[(heads, triton.cdiv(width, 32))](weight, w_hi, w_lo, scale, chunk, width, BI=64, BM=32)
         forward_kernel[(triton.cdiv(count, block_n), heads)](
-            x, w_hi, w_lo, scale, y, inv_norm, count, x.stride(0), eps,
+            x, w_hi, w_lo, scale, y, inv_norm, x_cast if cast is not None else y, count, x.stride(0), eps,
             H=heads, I=chunk, M=width, BN=block_n, BK=block_k, BM1=first, BM2=max(rest, 16), TWO=rest > 0,
-            UPCAST=interpreting(), num_warps=warps, num_stages=stages,
+            CAST=cast is not None, UPCAST=interpreting(), num_warps=warps, num_stages=stages,
         )
-    return y, inv_norm
+    return y, inv_norm, x_cast
 
 
 @_forward_op.register_fake
-def _forward_op_fake(x, weight, eps):
-    return x.new_empty((x.shape[0], x.shape[1], weight.shape[2])), x.new_empty(x.shape[:2])
+def _forward_op_fake(x, weight, eps, cast):
+    return (x.new_empty((x.shape[0], x.shape[1], weight.shape[2])), x.new_empty(x.shape[:2]),
+            x.new_empty(x.shape if cast is not None else (0, *x.shape[1:]), dtype=cast or x.dtype))
 
 
-def projection_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def projection_forward(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cast: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``y = r · x @ weight`` and ``r = (|x|² + ε)^(-1/2)`` per token and head
     (:func:`srope.ops.projection.normalized_head_projection`'s forward), float32-accurate
     on tensor cores (module docstring).
@@ -361,8 +397,10 @@ def projection_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tup
         x: ``[N, H, I]`` float32 (the last two dimensions contiguous, any token stride).
         weight: ``[H, I, M]`` float32.
         eps: ε of the norm, >= 0.
+        cast: bfloat16, float16 or None: also return x rounded to this dtype (to nearest),
+            written on the way (what autocast would give the host's linear maps).
 
-    Returns ``y [N, H, M]`` and ``inv_norm [N, H]``, float32.
+    Returns ``y [N, H, M]`` and ``inv_norm [N, H]``, float32, and the cast ``[N, H, I]`` (or None).
     """
     if x.dtype != torch.float32 or weight.dtype != torch.float32:
         raise TypeError(f"x and weight must be float32, got {x.dtype} and {weight.dtype}")
@@ -374,4 +412,7 @@ def projection_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tup
         raise ValueError(f"the fused projection needs CUDA tensors, or TRITON_INTERPRET=1; got {x.device}")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps!r}")
-    return _forward_op(x, weight, float(eps))
+    if cast not in (None, torch.bfloat16, torch.float16):
+        raise TypeError(f"cast must be None, torch.bfloat16 or torch.float16, got {cast}")
+    y, inv_norm, x_cast = _forward_op(x, weight, float(eps), cast)
+    return y, inv_norm, x_cast if cast is not None else None
