@@ -96,7 +96,7 @@ class GatedLinearAttention(MixerLayer):
         g = self.log_decay(inputs.linear)
         real = self.real_tokens(x, attention_mask)
         if real is not None:  # padded tokens neither write to nor decay the state
-            k, v, g = k * real[..., None], v * real[..., None], g * real[..., None].to(g.dtype)
+            k, v, g = (t * real[..., None].to(t.dtype) for t in (k, v, g))  # 0/1: exact in any dtype
         o, recurrent = gla(
             q, expand_heads(k, self.num_heads), expand_heads(v, self.num_heads), expand_heads(g, self.num_heads),
             initial_state=None if state is None else state.recurrent, output_final_state=use_cache, cu_seqlens=cu_seqlens,
