@@ -458,10 +458,12 @@ def test_prepared_must_come_from_this_x():
         module(q, k, x, prepared=module.prepare(x.clone()))
 
 
+@pytest.mark.parametrize("batch", ["dense", "padded", "packed"])
 @pytest.mark.parametrize("host", ["gla", "gated_deltanet", "attention"])
-def test_host_layers_under_autocast_match_the_base_route(monkeypatch, host):
+def test_host_layers_under_autocast_match_the_base_route(monkeypatch, host, batch):
     """A host layer under autocast with Selective RoPE: its output and x's gradient with the
-    generator's shared cast equal those with a plain cast (the base route)."""
+    generator's shared cast equal those with a plain cast (the base route), for dense,
+    left-padded and packed batches."""
     from srope.layers import Attention, GatedDeltaNet, GatedLinearAttention
 
     layers = {"gla": (GatedLinearAttention, dict(num_heads=4, use_short_conv=True)),
@@ -470,10 +472,18 @@ def test_host_layers_under_autocast_match_the_base_route(monkeypatch, host):
     torch.manual_seed(0)
     layer = cls(hidden_size=64, position={"type": "selective_rope"}, **options)
     x = randn(2, 33, 64, seed_gen=generator(11), dtype=torch.float32).requires_grad_()
+    kwargs = {}
+    if batch == "padded":
+        mask = torch.ones(2, 33, dtype=torch.long)
+        mask[1, :7] = 0
+        kwargs = dict(attention_mask=mask)
+    elif batch == "packed":
+        x = randn(1, 40, 64, seed_gen=generator(12), dtype=torch.float32).requires_grad_()
+        kwargs = dict(cu_seqlens=torch.tensor([0, 9, 9, 31, 40]))
 
     def run():
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = layer(x * 1.0)[0]
+            out = layer(x * 1.0, **kwargs)[0]
         return out, torch.autograd.grad(out.float().square().sum(), x)[0]
 
     shared = run()
