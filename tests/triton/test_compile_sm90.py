@@ -1,5 +1,6 @@
 """The kernels compile for sm_90 (H100/H200) through ptxas on this machine, GPU or not:
-no compile error, no register spills (one measured exception), no sin.approx/cos.approx in the PTX."""
+no compile error, no register spills (one exception, explained below), no sin.approx/cos.approx
+in the PTX. The kernels are specialised as the JIT does on the GPU (compile_sm90.signature)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ def test_every_kernel_compiles_for_sm90_without_spills_or_approximate_sincos():
                        "srope_bwd_kernel", "_rope_fwd", "_rope_bwd", "decode_step_kernel", "generator_inputs_kernel",
                        "backward_kernel", "split_weight_kernel", "forward_kernel"}, kernels
     for report in reports:
-        # The projection's backward with the host's gradient added spills 152 bytes (measured
-        # cost in srope.ops.triton.projection, beside BACKWARD_TILE); nothing else may spill.
-        allowed = 256 if report["kernel"] == "backward_kernel" and report.get("HOST_GRAD") else 0
+        # With 4 warps the float32 rotation forwards keep one predicate register in local
+        # memory across libdevice sinf/cosf's branch to their slow path (Payne-Hanek, taken for
+        # |x| >= 105615, never after the reduction modulo 2π): a 4-byte store and load, read
+        # from the SASS (stop 22). Nothing else may spill.
+        allowed = 8 if report["kernel"] in ("srope_fwd_kernel", "_rope_fwd") and report["warps"] == 4 else 0
         assert report["spill_bytes"] <= allowed, report
         assert not any(op.startswith(FORBIDDEN) for op in report["approx"]), report

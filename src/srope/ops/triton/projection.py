@@ -137,10 +137,9 @@ def backward_kernel(
 # at least SLAB tokens per program: 0.246 ms at the GLA-370M shape on the H200, the fastest
 # of 11 tiles at 2-3 slab sizes that benchmarks/tune_projection_grad.py measured (64-input
 # slices or 32-token steps 0.27-0.51, 16 warps 0.29, 1024-token slabs 0.254;
-# results/tune_projection_backward*_h200.json). It needs 255 registers: one program per SM.
-# With the host's gradient added (HOST_GRAD) ptxas spills 152 bytes; loading that gradient
-# as the products' accumulator instead spilled 1080. In the GLA-370M layer the kernel then
-# took 0.236 ms against 0.213 without it, 0.014 of which is reading the gradient.
+# results/tune_projection_backward*_h200.json). ptxas gives it 232 registers (238 with the
+# host's gradient added, HOST_GRAD), no spills: one program per SM. In the GLA-370M layer
+# it took 0.236 ms with HOST_GRAD against 0.213 without, 0.014 of which is reading the gradient.
 BACKWARD_TILE = (64, 128, 8, 1)  # BN, BI, warps, stages
 SLAB = 2048
 MAX_SLABS = 256  # the partial weight gradients take at most this many times the weight's size
