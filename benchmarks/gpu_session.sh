@@ -316,6 +316,12 @@ stage_parity() {
   done
 }
 
+# stop 22's candidates for the projection backward, each alone at the GLA-370M shape (prepared
+# without a GPU): then, for the winner, gputests and speed
+stage_bwdvariants() {
+  run 420 python benchmarks/projection_backward_variants.py --out $R/projection_backward_variants_h200.json
+}
+
 pack() {  # after every stage, so that a call cut short still returns what finished
   find $R \( -name '*.xml' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' -not -path '*/model/*' \
     | tar czf "$OUT/results.tgz" -T -
