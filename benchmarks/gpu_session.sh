@@ -316,10 +316,10 @@ stage_parity() {
   done
 }
 
-# stop 22's candidates for the projection backward, each alone at the GLA-370M shape (prepared
-# without a GPU): then, for the winner, gputests and speed
-stage_bwdvariants() {
-  run 420 python benchmarks/projection_backward_variants.py --out $R/projection_backward_variants_h200.json
+# stop 22's candidates for the projection's kernels, each alone at the GLA-370M shape (prepared
+# without a GPU): then, for the winners, gputests and speed
+stage_projvariants() {
+  run 420 python benchmarks/projection_variants.py --out $R/projection_variants_h200.json
 }
 
 pack() {  # after every stage, so that a call cut short still returns what finished

@@ -295,19 +295,20 @@ def forward_kernel(
     x, w_hi, w_lo, scale, y, inv_norm, x_cast, N, x_n, eps,
     H: tl.constexpr, I: tl.constexpr, M: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr, TWO: tl.constexpr,
-    CAST: tl.constexpr, UPCAST: tl.constexpr,
+    CAST: tl.constexpr, UPCAST: tl.constexpr, NORM_BK: tl.constexpr, NORM_STAGES: tl.constexpr,
 ):
     """Program (token block, head): ``r`` and ``y = (r·x) @ weight`` there, the products as
     float16 splits (module docstring) into the first BM1 columns and, if TWO, the next BM2.
-    x is read in chunks of BK inputs twice: for r (and, if CAST, its copy rounded to
-    ``x_cast``'s dtype, [N, H, I]), then (from L2) for the products."""
+    x is read twice: for r (and, if CAST, its copy rounded to ``x_cast``'s dtype, [N, H, I])
+    in chunks of NORM_BK inputs, software-pipelined over NORM_STAGES, then (from L2) for the
+    products in chunks of BK."""
     pn, h = tl.program_id(0), tl.program_id(1)
     nn = pn * BN + tl.arange(0, BN)
     mn = nn < N
     rows = x + nn[:, None].to(tl.int64) * x_n + h * I
     squares = tl.zeros([BN], dtype=tl.float32)
-    for start in range(0, I, BK):
-        kk = start + tl.arange(0, BK)
+    for start in tl.range(0, I, NORM_BK, num_stages=NORM_STAGES):
+        kk = start + tl.arange(0, NORM_BK)
         tile = mn[:, None] & (kk < I)[None, :]
         xs = tl.load(rows + kk[None, :], mask=tile, other=0.0)
         squares += tl.sum(xs * xs, 1)
@@ -337,6 +338,10 @@ def forward_kernel(
 # cause we have not found; every 32-input tile ran every tested shape
 # (results/projection_forward_tiles_fault_h200.json).
 FORWARD_TILE = (64, 32, 4, 3)  # BN, BK, warps, software-pipeline stages
+# The norm's pass: inputs per step and pipeline stages (1: each step's load waits for the
+# last; Triton pipelines only the products' loads by itself).
+NORM_PASS = (32, 1)
+INTERPRETED_FORWARD = ((16, 16, 4, 1), (16, 1))  # (FORWARD_TILE, NORM_PASS) under TRITON_INTERPRET=1
 
 
 def column_blocks(width: int) -> tuple[int, int]:
@@ -367,14 +372,14 @@ def _forward_op(
     w_hi = torch.empty(weight.shape, dtype=torch.float16, device=x.device)
     w_lo = torch.empty_like(w_hi)
     scale = torch.empty(heads, width, dtype=torch.float32, device=x.device)
-    block_n, block_k, warps, stages = (16, 16, 4, 1) if interpreting() else FORWARD_TILE
+    (block_n, block_k, warps, stages), (norm_k, norm_stages) = INTERPRETED_FORWARD if interpreting() else (FORWARD_TILE, NORM_PASS)
     first, rest = column_blocks(width)
     with on_device(x):
         split_weight_kernel[(heads, triton.cdiv(width, 32))](weight, w_hi, w_lo, scale, chunk, width, BI=64, BM=32)
         forward_kernel[(triton.cdiv(count, block_n), heads)](
             x, w_hi, w_lo, scale, y, inv_norm, x_cast if cast is not None else y, count, x.stride(0), eps,
             H=heads, I=chunk, M=width, BN=block_n, BK=block_k, BM1=first, BM2=max(rest, 16), TWO=rest > 0,
-            CAST=cast is not None, UPCAST=interpreting(), num_warps=warps, num_stages=stages,
+            CAST=cast is not None, UPCAST=interpreting(), NORM_BK=norm_k, NORM_STAGES=norm_stages, num_warps=warps, num_stages=stages,
         )
     return y, inv_norm, x_cast
 

@@ -1,17 +1,22 @@
-"""Variants of the generator projection's backward, each timed alone (prepared at stop 22).
+"""Variants of the generator projection's kernels, each timed alone (prepared at stop 22).
 
-The shipped kernel (``srope.ops.triton.projection.backward_kernel``: dx and the weight
-gradient in one pass, 232-238 registers, one 8-warp program per SM) took 0.236 ms in the
-GLA-370M layer against a 0.085 ms HBM floor. The variants here test two explanations:
+**Backward.** The shipped kernel (``srope.ops.triton.projection.backward_kernel``: dx and
+the weight gradient in one pass, 232-238 registers, one 8-warp program per SM) took
+0.236 ms in the GLA-370M layer against a 0.085 ms HBM floor. The variants test two
+explanations:
 
 * **layout conversions**: the shipped kernel's tiles are [tokens, inputs]; its two products
-  then use different wgmma layouts and ptxas's TTGIR has 11 layout conversions per step.
+  then use different wgmma layouts and the TTGIR has 11 layout conversions per step.
   ``transposed_kernel`` computes ``dxᵀ = W dzᵀ`` on [inputs, tokens] tiles, where both
   products share one layout (7 conversions);
-* **one program per SM**: ``transposed_kernel`` without WEIGHT_GRAD computes dx alone (and writes dz, 1/15 of
-  x's bytes), at 128 registers with two stages (two programs per SM), and
+* **one program per SM**: ``transposed_kernel`` without WEIGHT_GRAD computes dx alone (and
+  writes dz, 1/15 of x's bytes) at 128 registers with two stages (two programs per SM), and
   ``weight_grad_kernel`` sums ``Σ x_lowᵀ dz`` from the forward's bf16 copy of x (what the
   host's maps read, saved anyway) as a pipelined split-K product.
+
+**Forward.** The shipped kernel (0.147 ms with the cast, floor 0.05) reads x for the norm in
+steps whose loads wait for each other (Triton pipelines only the products' loads): the
+variants widen that pass and pipeline it (``NORM_PASS``), with other product tiles beside.
 
 At 32768 tokens x 4 heads x 256 inputs -> 68 (the GLA-370M layer; ``--small``: a small
 shape under ``TRITON_INTERPRET=1`` with exact 16-bit inputs, where every variant must match
@@ -20,7 +25,7 @@ float64 to 1e-6). ``triton.testing.do_bench`` medians (L2 flushed), with a torch
 list in ``--out``; exit status 1 if any variant is wrong. The kernels are copies for
 measurement: what wins moves into ``srope.ops.triton.projection``.
 
-    python benchmarks/projection_backward_variants.py --out FILE [--small]
+    python benchmarks/projection_variants.py --out FILE [--small]
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import triton.language as tl
 from srope.ops.triton import projection as shipped
 from srope.ops.triton.ops import interpreting
 
-TOLERANCE = 1e-6  # relative to float64, exact 16-bit inputs (--small)
+TOLERANCE = 1e-6  # the backward's, relative to float64, exact 16-bit inputs (--small)
 LAUNCHED = {}  # kernel name -> the compiled kernel of its last launch (registers and spills on the GPU)
 
 
@@ -213,8 +218,8 @@ def inputs(small: bool, device: str):
     return dy, y, r, w, x, hg
 
 
-def cases(data, small: bool):
-    """(name, function returning (dx, dw or None)) for every variant; one tile each under --small."""
+def backward_cases(data, small: bool):
+    """(name, function returning (dx, dw or None)) for every backward variant; one tile each under --small."""
     dy, y, r, w, x, hg = data
     x_low = x.bfloat16()
     tiny = (16, 16, 4, 1)
@@ -237,15 +242,62 @@ def cases(data, small: bool):
                                                            pick(t), slab(s))))
     out.append(("split, dw from float32 x: dx (64, 128, 8, 2, 128) slab 256, dw (128, 128, 8, 3) slab 2048",
                 lambda: run_split(dy, y, r, w, x, hg, x, pick((64, 128, 8, 2, 128)), slab(256), pick((128, 128, 8, 3)), slab(2048))))
-    if small:  # one of each kernel and route
-        keep = {"shipped", "transposed", "dx", "split:", "split,"}
-        seen, chosen = set(), []
-        for name, fn in out:
-            kind = name.split(" ")[0]
-            if kind in keep and kind not in seen:
-                seen.add(kind)
-                chosen.append((name, fn))
-        out = chosen
+    return _one_of_each(out) if small else out
+
+
+def _one_of_each(cases):
+    """The first case of each kind (the name's first word): what --small runs."""
+    seen, chosen = set(), []
+    for name, fn in cases:
+        kind = name.split(" ")[0]
+        if kind not in seen:
+            seen.add(kind)
+            chosen.append((name, fn))
+    return chosen
+
+
+def forward_inputs(small: bool, device: str):
+    """x of scale 3 (r far from 1) and the float32 weight; one column 1e-6 times the rest."""
+    torch.manual_seed(1)
+    count, heads, chunk, width = (70, 2, 40, 68) if small else (32768, 4, 256, 68)
+    x = torch.randn(count, heads, chunk, device=device) * 3
+    weight = torch.randn(heads, chunk, width, device=device) / 16
+    weight[:, :, 0] *= 1e-6
+    return x, weight
+
+
+def forward_reference(x, weight):
+    x64 = x.double()
+    r = torch.rsqrt(x64.square().sum(-1) + 1e-6)
+    return torch.einsum("nhi,him->nhm", x64 * r[..., None], weight.double()), r
+
+
+def _with(settings, fn):
+    """fn() with module constants of srope.ops.triton.projection set, restored after."""
+    def run():
+        saved = {name: getattr(shipped, name) for name in settings}
+        try:
+            for name, value in settings.items():
+                setattr(shipped, name, value)
+            return fn()
+        finally:
+            for name, value in saved.items():
+                setattr(shipped, name, value)
+    return run
+
+
+def forward_cases(data, small: bool):
+    """(name, function returning (y, inv_norm)) for the shipped forward with the cast, and
+    its norm pass and product tiles varied; under --small one wider norm pass."""
+    x, weight = data
+    forward = lambda: shipped._forward_op(x, weight, 1e-6, torch.bfloat16)[:2]
+    if small:
+        return [("forward shipped", forward),
+                ("forward norm pass (32, 1)", _with({"INTERPRETED_FORWARD": ((16, 16, 4, 1), (32, 1))}, forward))]
+    out = [("forward shipped", forward)]
+    for tile in ((64, 32, 4, 3), (128, 32, 8, 3), (64, 64, 8, 3)):
+        for norm in ((32, 2), (32, 3), (64, 2), (64, 3), (128, 2)):
+            out.append((f"forward tile {tile} norm pass {norm}", _with({"FORWARD_TILE": tile, "NORM_PASS": norm}, forward)))
     return out
 
 
@@ -253,39 +305,47 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b).norm() / b.norm())
 
 
+def measure(name, fn, references, names, device, bound):
+    """One case: errors of its outputs against the references, registers, time."""
+    try:
+        LAUNCHED.clear()
+        outputs = fn()
+        record = {"name": name}
+        for kernel, compiled in LAUNCHED.items():
+            if hasattr(compiled, "n_regs"):
+                record[f"{kernel}_registers"], record[f"{kernel}_spills"] = compiled.n_regs, compiled.n_spills
+        if not name.startswith("bandwidth"):
+            record.update({f"{key}_error": None if out is None else relative(out, ref)
+                           for key, out, ref in zip(names, outputs, references)})
+        if device == "cuda":
+            record["ms"] = triton.testing.do_bench(fn, warmup=25, rep=200)
+    except Exception as error:  # a variant that does not compile is a result, not a stop
+        record = {"name": name, "error": repr(error)[:400]}
+    if "error" in record or any((record.get(f"{key}_error") or 0) > bound for key in names):
+        record["wrong"] = True
+    print(json.dumps(record), flush=True)
+    return record
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--small", action="store_true", help="small shape, for TRITON_INTERPRET=1 on the CPU")
+    parser.add_argument("--small", action="store_true", help="small shapes, for TRITON_INTERPRET=1 on the CPU")
     args = parser.parse_args()
     device = "cpu" if interpreting() else "cuda"
+    # float32 sums over 32768 tokens on the GPU; the forward is float32-accurate (4.5e-7 shipped)
+    bound = TOLERANCE if args.small else 1e-5
     data = inputs(args.small, device)
-    ref_dx, ref_dw = reference(*data)
-    results, wrong = [], 0
-    for name, fn in cases(data, args.small):
-        try:
-            LAUNCHED.clear()
-            dx, dw = fn()
-            record = {"name": name}
-            for kernel, compiled in LAUNCHED.items():
-                if hasattr(compiled, "n_regs"):
-                    record[f"{kernel}_registers"], record[f"{kernel}_spills"] = compiled.n_regs, compiled.n_spills
-            if not name.startswith("bandwidth"):
-                record.update(dx_error=relative(dx, ref_dx), dw_error=None if dw is None else relative(dw, ref_dw))
-            if device == "cuda":
-                record["ms"] = triton.testing.do_bench(fn, warmup=25, rep=200)
-        except Exception as error:  # a variant that does not compile is a result, not a stop
-            record = {"name": name, "error": repr(error)[:400]}
-        bound = TOLERANCE if args.small else 1e-5  # float32 sums over 32768 tokens
-        if "error" in record or any((record.get(key) or 0) > bound for key in ("dx_error", "dw_error")):
-            record["wrong"] = True
-            wrong += 1
-        print(json.dumps(record), flush=True)
-        results.append(record)
+    references = reference(*data)
+    results = [measure(name, fn, references, ("dx", "dw"), device, bound) for name, fn in backward_cases(data, args.small)]
+    del data, references
+    data = forward_inputs(args.small, device)
+    references = forward_reference(*data)
+    results += [measure(name, fn, references, ("y", "inv_norm"), device, 2e-6) for name, fn in forward_cases(data, args.small)]
     with open(args.out, "w") as handle:
         json.dump({"gpu": torch.cuda.get_device_name() if device == "cuda" else None, "torch": torch.__version__,
                    "triton": triton.__version__, "results": results}, handle, indent=1)
-    return 1 if wrong else 0
+    return 1 if any(record.get("wrong") for record in results) else 0
 
 
 if __name__ == "__main__":
