@@ -322,6 +322,10 @@ stage_projvariants() {
   run 420 python benchmarks/projection_variants.py --out $R/projection_variants_h200.json
 }
 
+stage_compile() {  # whole models under torch.compile (inductor) on CUDA: graph breaks, compiled step against eager
+  run 420 python benchmarks/check_compile.py --out $R/compile_cuda_h200.json --positions selective_rope --varlen
+}
+
 pack() {  # after every stage, so that a call cut short still returns what finished
   find $R \( -name '*.xml' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' -not -path '*/model/*' \
     | tar czf "$OUT/results.tgz" -T -

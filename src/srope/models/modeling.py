@@ -206,7 +206,7 @@ class SRopeModel(SRopePreTrainedModel):
         if attention_mask.shape[1] not in (length, past + length):
             raise ValueError(f"attention_mask has {attention_mask.shape[1]} columns; expected {length} or past + T = {past + length}")
         mask = attention_mask[:, -length:]
-        return None if bool(mask.all()) else mask
+        return mask if torch.compiler.is_compiling() or not bool(mask.all()) else None  # compiled: no host sync
 
 
 class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):

@@ -40,7 +40,9 @@ class RowLayout:
             self.index = (starts[:, None] + steps).clamp(max=max(length - 1, 0))
             self.seq = torch.searchsorted(cu_seqlens[1:].long(), torch.arange(length, device=cu_seqlens.device), right=True)
             self.step = torch.arange(length, device=cu_seqlens.device) - starts[self.seq]
-        elif attention_mask is not None and not bool(attention_mask.all()):
+        # (an all-ones mask is no padding; under torch.compile it takes the general path
+        # rather than a host sync to find that out)
+        elif attention_mask is not None and (torch.compiler.is_compiling() or not bool(attention_mask.all())):
             self.mask = attention_mask != 0
             self.lengths = self.mask.sum(dim=1)
             # Stable sort puts each row's real tokens first, in their order.

@@ -58,12 +58,23 @@ def _gla_chunked(q, k, v, g, scale, state, chunk_size):
 def _intra_chunk_scores(q, k, cum):
     """``Σ_i q_ti k_si e^{G_ti − G_si}`` for s <= t, 0 above the diagonal: ``[B, H, NC, C, C]``."""
     causal = common.causal_mask(q.shape[3], q.device)
-    spread = (cum[..., :1, :] - cum[..., -1:, :]).abs().amax() if cum.numel() else cum.new_zeros(())
+    if torch.compiler.is_compiling():
+        # The choice below would break the graph (a host sync), and torch.cond of the two forms
+        # fails in torch 2.13's backward (their gradients' strides differ): the exact form.
+        return _pairwise_scores(q, k, cum, causal)
     # One host sync per call: this is the CPU / fallback path (fla's kernels serve CUDA).
-    if spread.item() <= MAX_FACTORED_SPREAD[cum.dtype]:
-        first = cum[..., :1, :]
-        scores = (q * (cum - first).exp()) @ (k * (first - cum).exp()).transpose(-1, -2)
-        return scores.masked_fill(~causal, 0.0)
+    spread = (cum[..., :1, :] - cum[..., -1:, :]).abs().amax() if cum.numel() else cum.new_zeros(())
+    factored = bool(spread <= MAX_FACTORED_SPREAD[cum.dtype])
+    return (_factored_scores if factored else _pairwise_scores)(q, k, cum, causal)
+
+
+def _factored_scores(q, k, cum, causal):
+    first = cum[..., :1, :]
+    scores = (q * (cum - first).exp()) @ (k * (first - cum).exp()).transpose(-1, -2)
+    return scores.masked_fill(~causal, 0.0)
+
+
+def _pairwise_scores(q, k, cum, causal):
     log_pair = (cum[..., :, None, :] - cum[..., None, :, :]).masked_fill(~causal[..., None], float("-inf"))
     return (q[..., :, None, :] * k[..., None, :, :] * log_pair.exp()).sum(-1)
 

@@ -1,0 +1,131 @@
+"""torch.compile of whole models: graph breaks, and compiled training steps against eager.
+
+For every host × position encoding (a 2-layer model; tiny on the CPU, the 370M layer
+geometry of check_cuda_models.py on CUDA under bf16 autocast):
+
+- ``torch._dynamo.explain`` of the loss on a dense batch: graphs, graph breaks and, per
+  reason, the innermost srope frame where it happened;
+- the loss and every parameter's gradient from ``torch.compile`` (backend ``--backend``;
+  ``fullgraph=True`` where explain found no break) against eager (relative error of all
+  gradients together);
+- with ``--varlen``, the same for a left-padded and a packed batch (a packed batch's
+  layout is data-dependent by design: its sizes come from ``cu_seqlens``).
+
+    python benchmarks/check_compile.py --out FILE [--device cuda] [--backend inductor] [--varlen]
+        [--mixers gla,attention] [--positions selective_rope]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import traceback
+
+import torch
+
+from common import environment, write_json
+from srope.models import SRopeConfig, SRopeForCausalLM
+
+MIXERS = ("attention", "forgetting_attn", "gla", "gated_deltanet")
+POSITIONS = {"nope": "nope", "rope": "rope", "selective_rope": {"type": "selective_rope", "bias": True}}
+TINY = dict(hidden_size=32, num_heads=2, num_hidden_layers=2, vocab_size=61, initializer_range=0.2)
+GEOMETRY = {  # as check_cuda_models.py
+    "gla": dict(hidden_size=1024, num_heads=4),
+    "gated_deltanet": dict(hidden_size=1024, num_heads=8, head_dim=128),
+    "forgetting_attn": dict(hidden_size=1024, num_heads=16),
+    "attention": dict(hidden_size=1024, num_heads=16),
+}
+
+
+def build(mixer: str, position: str, device: str, seed: int = 0) -> SRopeForCausalLM:
+    torch.manual_seed(seed)
+    options = dict(mixer=mixer, position=POSITIONS[position], **TINY)
+    if device != "cpu":
+        options |= dict(GEOMETRY[mixer], vocab_size=1024)
+    if mixer in ("gla", "gated_deltanet"):
+        options["use_short_conv"] = True
+    return SRopeForCausalLM(SRopeConfig(**options)).to(device).train()
+
+
+def batch(model: SRopeForCausalLM, layout: str, device: str) -> tuple[torch.Tensor, dict]:
+    """Token ids and the model's layout arguments: dense [2, T], left-padded, or packed [1, 2T]."""
+    length = 12 if device == "cpu" else 512
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (2, length), generator=generator).to(device)
+    if layout == "padded":
+        mask = torch.ones(2, length, dtype=torch.long, device=device)
+        mask[1, : length // 3] = 0
+        return ids, {"attention_mask": mask}
+    if layout == "packed":
+        return ids.reshape(1, -1), {"cu_seqlens": torch.tensor([0, length // 2, 2 * length], dtype=torch.int32, device=device)}
+    return ids, {}
+
+
+def _loss_fn(model, kwargs, device):
+    def loss(ids):
+        with torch.autocast("cuda", torch.bfloat16, enabled=device == "cuda"):
+            return model(input_ids=ids, labels=ids, **kwargs).loss
+    return loss
+
+
+def graph_breaks(model, ids, kwargs, device) -> dict:
+    """Graphs, breaks, and the reasons with the innermost srope frame of each."""
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(_loss_fn(model, kwargs, device))(ids)
+    reasons = collections.Counter()
+    for reason in explained.break_reasons:
+        frames = [f"{frame.filename.split('src/')[-1]}:{frame.lineno}" for frame in reason.user_stack or () if "srope" in frame.filename]
+        reasons[(str(reason.reason).split("\n")[0][:160], frames[-1] if frames else None)] += 1
+    return {"graphs": explained.graph_count, "breaks": explained.graph_break_count,
+            "reasons": [{"reason": text, "where": where, "count": count} for (text, where), count in reasons.items()]}
+
+
+def compiled_against_eager(model, ids, kwargs, device, backend, fullgraph) -> dict:
+    """Relative errors of the compiled loss and gradients (all parameters) against eager."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    loss = _loss_fn(model, kwargs, device)
+    want = loss(ids)
+    want_grads = torch.autograd.grad(want, params)
+    torch._dynamo.reset()
+    got = torch.compile(loss, backend=backend, fullgraph=fullgraph)(ids)
+    got_grads = torch.autograd.grad(got, params)
+    flat = lambda grads: torch.cat([g.float().flatten() for g in grads])
+    got, want = got.detach(), want.detach()
+    return {"fullgraph": fullgraph, "loss_error": float((got - want).abs() / want.abs()),
+            "grad_error": float((flat(got_grads) - flat(want_grads)).norm() / flat(want_grads).norm())}
+
+
+def check(mixer, position, device, backend, layouts=("dense",)) -> dict:
+    """Per layout: the breaks, and the compiled step against eager."""
+    model = build(mixer, position, device)
+    record = {"mixer": mixer, "position": position}
+    for layout in layouts:
+        ids, kwargs = batch(model, layout, device)
+        record[layout] = breaks = graph_breaks(model, ids, kwargs, device)
+        breaks.update(compiled_against_eager(model, ids, kwargs, device, backend, fullgraph=breaks["breaks"] == 0))
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--varlen", action="store_true", help="also padded and packed batches")
+    parser.add_argument("--mixers", default=",".join(MIXERS))
+    parser.add_argument("--positions", default=",".join(POSITIONS))
+    args = parser.parse_args()
+    report = {**environment(), "device": args.device, "backend": args.backend, "results": []}
+    for mixer in args.mixers.split(","):
+        for position in args.positions.split(","):
+            try:
+                record = check(mixer, position, args.device, args.backend, ("dense", "padded", "packed") if args.varlen else ("dense",))
+            except Exception as error:  # recorded, and the other pairs still run
+                record = {"mixer": mixer, "position": position, "error": repr(error)[:500], "trace": traceback.format_exc()[-2000:]}
+            print(record, flush=True)
+            report["results"].append(record)
+            write_json(args.out, report)
+
+
+if __name__ == "__main__":
+    main()
