@@ -3,7 +3,8 @@
 The op wrappers run on CPU tensors with the kernel launches replaced by recorders; every
 distinct launch (and every autotune config) is then compiled through Triton's full
 pipeline down to ptxas. Prints one JSON line per kernel variant with the registers and
-spill bytes ptxas reports and the approximate instructions found in the PTX.
+spill bytes ptxas reports, the layout conversions in the TTGIR (most of them a round trip
+through shared memory) and the approximate instructions found in the PTX.
 
     python -m tests.triton.compile_sm90     (TRITON_INTERPRET must be unset)
 """
@@ -153,6 +154,7 @@ def main() -> int:
             tile = {name: constants.get(name) for name in ("R", "BT", "ST", "F64", "CAST", "HOST_GRAD", "WEIGHT_GRAD")
                     if name in constants}
             print(json.dumps({"kernel": recorder.name, "warps": warps, **tile, **ptxas_report(ptx),
+                              "layout_conversions": compiled.asm["ttgir"].count("ttg.convert_layout"),
                               "approx": sorted(set(APPROX.findall(ptx)))}), flush=True)
     return 0
 
