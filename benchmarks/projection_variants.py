@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from common import environment, write_json
 from srope.ops.triton import projection as shipped
 from srope.ops.triton.ops import interpreting
 
@@ -342,9 +343,7 @@ def main() -> int:
     data = forward_inputs(args.small, device)
     references = forward_reference(*data)
     results += [measure(name, fn, references, ("y", "inv_norm"), device, 2e-6) for name, fn in forward_cases(data, args.small)]
-    with open(args.out, "w") as handle:
-        json.dump({"gpu": torch.cuda.get_device_name() if device == "cuda" else None, "torch": torch.__version__,
-                   "triton": triton.__version__, "results": results}, handle, indent=1)
+    write_json(args.out, {**environment(), "results": results})
     return 1 if any(record.get("wrong") for record in results) else 0
 
 

@@ -38,6 +38,7 @@ def test_projection_variants_match_float64(tmp_path, monkeypatch):
     """The variants prepared for the GPU measurement compute the shipped projection (one tile each)."""
     out = tmp_path / "variants.json"
     monkeypatch.setattr(sys, "argv", ["projection_variants.py", "--small", "--out", str(out)])
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its `common`
     try:
         runpy.run_path(str(ROOT / "benchmarks" / "projection_variants.py"), run_name="__main__")
     except SystemExit as done:
