@@ -8,10 +8,10 @@ geometry of check_cuda_models.py on CUDA under bf16 autocast):
 - the loss and every parameter's gradient from ``torch.compile`` (backend ``--backend``;
   ``fullgraph=True`` where explain found no break) against eager (relative error of all
   gradients together);
-- with ``--varlen``, the same for a left-padded and a packed batch (a packed batch's
-  layout is data-dependent by design: its sizes come from ``cu_seqlens``).
+- with ``--layouts dense,padded,packed``, the same for a left-padded and a packed batch (a
+  packed batch's layout is data-dependent by design: its sizes come from ``cu_seqlens``).
 
-    python benchmarks/check_compile.py --out FILE [--device cuda] [--backend inductor] [--varlen]
+    python benchmarks/check_compile.py --out FILE [--device cuda] [--backend inductor] [--layouts dense,padded]
         [--mixers gla,attention] [--positions selective_rope]
 """
 
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backend", default="inductor")
-    parser.add_argument("--varlen", action="store_true", help="also padded and packed batches")
+    parser.add_argument("--layouts", default="dense", help="of dense, padded, packed")
     parser.add_argument("--mixers", default=",".join(MIXERS))
     parser.add_argument("--positions", default=",".join(POSITIONS))
     args = parser.parse_args()
@@ -119,7 +119,7 @@ def main() -> None:
     for mixer in args.mixers.split(","):
         for position in args.positions.split(","):
             try:
-                record = check(mixer, position, args.device, args.backend, ("dense", "padded", "packed") if args.varlen else ("dense",))
+                record = check(mixer, position, args.device, args.backend, tuple(args.layouts.split(",")))
             except Exception as error:  # recorded, and the other pairs still run
                 record = {"mixer": mixer, "position": position, "error": repr(error)[:500], "trace": traceback.format_exc()[-2000:]}
             print(record, flush=True)

@@ -323,7 +323,7 @@ stage_projvariants() {
 }
 
 stage_compile() {  # whole models under torch.compile (inductor) on CUDA: graph breaks, compiled step against eager
-  run 420 python benchmarks/check_compile.py --out $R/compile_cuda_h200.json --positions selective_rope --varlen
+  run 420 python benchmarks/check_compile.py --out $R/compile_cuda_h200.json --positions selective_rope
 }
 
 pack() {  # after every stage, so that a call cut short still returns what finished

@@ -296,7 +296,9 @@ def forward_cases(data, small: bool):
         return [("forward shipped", forward),
                 ("forward norm pass (32, 1)", _with({"INTERPRETED_FORWARD": ((16, 16, 4, 1), (32, 1))}, forward))]
     out = [("forward shipped", forward)]
-    for tile in ((64, 32, 4, 3), (128, 32, 8, 3), (64, 64, 8, 3)):
+    # (no 64-input tiles: one faults on the H200 with a 40-input head chunk, and a fault would
+    # end every case after it; results/projection_forward_tiles_fault_h200.json)
+    for tile in ((64, 32, 4, 3), (128, 32, 8, 3), (64, 32, 8, 3)):
         for norm in ((32, 2), (32, 3), (64, 2), (64, 3), (128, 2)):
             out.append((f"forward tile {tile} norm pass {norm}", _with({"FORWARD_TILE": tile, "NORM_PASS": norm}, forward)))
     return out
