@@ -97,8 +97,9 @@ def record_launches() -> list:
 
 def signature(recorder, args, kwargs, extra):
     """The argument types, the constexprs and the JIT's specialisation: on the GPU every
-    tensor's address and every integer that is a multiple of 16 is marked divisible by 16,
-    which lets Triton vectorise; without it the registers reported here are not the GPU's."""
+    tensor's address and every integer that is a multiple of 16 is marked divisible by 16
+    (which lets Triton vectorise; without it the registers reported here are not the GPU's),
+    and an integer equal to 1 becomes a constexpr."""
     fn = recorder.fn
     values = dict(zip(fn.arg_names, args))
     values.update({name: value for name, value in kwargs.items() if name in fn.arg_names})
@@ -113,6 +114,10 @@ def signature(recorder, args, kwargs, extra):
             sig[name], attrs[(index,)] = TYPES[value.dtype], divisible  # CUDA allocations are 256-byte aligned
         elif isinstance(value, bool):
             sig[name] = "i1"
+        elif isinstance(value, float):
+            sig[name] = "fp32"
+        elif value == 1:
+            sig[name], constants[name] = "constexpr", 1
         else:
             sig[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
             if value % 16 == 0:
@@ -144,7 +149,8 @@ def main() -> int:
             extra = dict(config.kwargs) if config is not None else {}
             warps = config.num_warps if config is not None else kwargs.get("num_warps", 4)
             sig, constants, attrs = signature(recorder, args, kwargs, extra)
-            key = (recorder.name, warps, tuple(sorted(sig.items())), tuple(sorted((k, repr(v)) for k, v in constants.items())))
+            key = (recorder.name, warps, tuple(sorted(sig.items())), tuple(sorted((k, repr(v)) for k, v in constants.items())),
+                   tuple(sorted(attrs)))
             if key in seen:
                 continue
             seen.add(key)

@@ -71,7 +71,7 @@ class _NormalizedHeadProjection(torch.autograd.Function):
         else:
             x_cast = None if cast is None else x.to(cast)
             inv_norm = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() + eps)  # [N, H]
-            y = _head_products(x, weight) * inv_norm[..., None]
+            y = _head_products(x, weight).mul_(inv_norm[..., None])
         ctx.save_for_backward(x, weight, inv_norm, y)
         ctx.grad_dtype = grad_dtype
         return y if cast is None else (y, x_cast)
@@ -95,7 +95,7 @@ class _NormalizedHeadProjection(torch.autograd.Function):
             # by r, plus x · dr/d|x|² · 2 (dy·z) = -r³ (dy·z) x = -r² (dy·y) x.
             d_norm = -(dy * y).sum(-1) * inv_norm.square()  # [N, H]
             product = _head_products(dz_low, weight.to(dz_low.dtype).mT)
-            dx = torch.addcmul(product, x, d_norm[..., None])
+            dx = torch.addcmul(product, x, d_norm[..., None]) if low else product.addcmul_(x, d_norm[..., None])
             if d_cast is not None:
                 dx += d_cast
         if ctx.needs_input_grad[1]:
