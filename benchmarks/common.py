@@ -94,3 +94,17 @@ def write_json(path: str | Path, payload: dict, indent: int = 2) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(_FILE_PATH.sub(r"\1", json.dumps(payload, indent=indent, default=str)) + "\n")
+
+
+def with_settings(module, settings: dict, fn):
+    """``fn`` run with ``module``'s constants (tiles, slabs) set to ``settings``, restored after."""
+    def run():
+        saved = {name: getattr(module, name) for name in settings}
+        try:
+            for name, value in settings.items():
+                setattr(module, name, value)
+            return fn()
+        finally:
+            for name, value in saved.items():
+                setattr(module, name, value)
+    return run

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from common import environment, write_json
+from common import environment, with_settings, write_json
 from srope.ops.triton import projection as shipped
 from srope.ops.triton.ops import interpreting
 
@@ -273,20 +273,6 @@ def forward_reference(x, weight):
     return torch.einsum("nhi,him->nhm", x64 * r[..., None], weight.double()), r
 
 
-def _with(settings, fn):
-    """fn() with module constants of srope.ops.triton.projection set, restored after."""
-    def run():
-        saved = {name: getattr(shipped, name) for name in settings}
-        try:
-            for name, value in settings.items():
-                setattr(shipped, name, value)
-            return fn()
-        finally:
-            for name, value in saved.items():
-                setattr(shipped, name, value)
-    return run
-
-
 def forward_cases(data, small: bool):
     """(name, function returning (y, inv_norm)) for the shipped forward with the cast, and
     its norm pass and product tiles varied; under --small one wider norm pass."""
@@ -294,13 +280,13 @@ def forward_cases(data, small: bool):
     forward = lambda: shipped._forward_op(x, weight, 1e-6, torch.bfloat16)[:2]
     if small:
         return [("forward shipped", forward),
-                ("forward norm pass (32, 1)", _with({"INTERPRETED_FORWARD": ((16, 16, 4, 1), (32, 1))}, forward))]
+                ("forward norm pass (32, 1)", with_settings(shipped, {"INTERPRETED_FORWARD": ((16, 16, 4, 1), (32, 1))}, forward))]
     out = [("forward shipped", forward)]
     # (no 64-input tiles: one faults on the H200 with a 40-input head chunk, and a fault would
     # end every case after it; results/projection_forward_tiles_fault_h200.json)
     for tile in ((64, 32, 4, 3), (128, 32, 8, 3), (64, 32, 8, 3)):
         for norm in ((32, 2), (32, 3), (64, 2), (64, 3), (128, 2)):
-            out.append((f"forward tile {tile} norm pass {norm}", _with({"FORWARD_TILE": tile, "NORM_PASS": norm}, forward)))
+            out.append((f"forward tile {tile} norm pass {norm}", with_settings(shipped, {"FORWARD_TILE": tile, "NORM_PASS": norm}, forward)))
     return out
 
 
