@@ -110,11 +110,7 @@ def transposed_kernel(
                                       weight.dtype.element_ty, H, I, M, BN, BM1, BM2, TWO, HOST_GRAD, not WEIGHT_GRAD, UPCAST)
         if WEIGHT_GRAD:
             x_low = xt.to(weight.dtype.element_ty, fp_downcast_rounding="rtne")
-            if UPCAST:
-                x_low = x_low.to(tl.float32)
-            grad1 = tl.dot(x_low, z1, grad1)
-            if TWO:
-                grad2 = tl.dot(x_low, z2, grad2)
+            grad1, grad2 = shipped._add_weight_grads(x_low, z1, z2, grad1, grad2, TWO, UPCAST)
     if WEIGHT_GRAD:
         shipped._store_weight_grad(dw, grad1, ps, h, ii, mi, 0, H, I, M, BM1)
         if TWO:

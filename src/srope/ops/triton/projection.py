@@ -80,6 +80,18 @@ def _store_weight_grad(dw, grad, ps, h, ii, mi, start, H: tl.constexpr, I: tl.co
 
 
 @triton.jit
+def _add_weight_grads(x_low, z1, z2, grad1, grad2, TWO: tl.constexpr, UPCAST: tl.constexpr):
+    """The step's weight-gradient products ``x_low @ z`` ([BI, BN] times each column block
+    [BN, BM]) added into the float32 accumulators."""
+    if UPCAST:
+        x_low = x_low.to(tl.float32)
+    grad1 = tl.dot(x_low, z1, grad1)
+    if TWO:
+        grad2 = tl.dot(x_low, z2, grad2)
+    return grad1, grad2
+
+
+@triton.jit
 def backward_kernel(
     dy, y, inv_norm, weight, x, host_grad, dx, dw,
     N, x_n, tokens,
@@ -112,6 +124,7 @@ def backward_kernel(
         acc = tl.zeros([BN, BI], dtype=tl.float32)
         dot_y = tl.zeros([BN], dtype=tl.float32)
         acc, dot_y, z1 = _column_grads(dy, y, weight, offsets_n, mn, r, w1, 0, acc, dot_y, M, BM1, UPCAST)
+        z2 = z1
         if TWO:
             acc, dot_y, z2 = _column_grads(dy, y, weight, offsets_n, mn, r, w2, BM1, acc, dot_y, M, BM2, UPCAST)
         tile = mn[:, None] & mi[None, :]
@@ -122,11 +135,7 @@ def backward_kernel(
         tl.store(dx + (rows[:, None] * H + h) * I + ii[None, :], out, mask=tile)
         if WEIGHT_GRAD:
             x_low = tl.trans(xs.to(weight.dtype.element_ty, fp_downcast_rounding="rtne"))
-            if UPCAST:
-                x_low = x_low.to(tl.float32)
-            grad1 = tl.dot(x_low, z1, grad1)
-            if TWO:
-                grad2 = tl.dot(x_low, z2, grad2)
+            grad1, grad2 = _add_weight_grads(x_low, z1, z2, grad1, grad2, TWO, UPCAST)
     if WEIGHT_GRAD:
         _store_weight_grad(dw, grad1, ps, h, ii, mi, 0, H, I, M, BM1)
         if TWO:
