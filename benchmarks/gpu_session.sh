@@ -319,11 +319,36 @@ stage_parity() {
 # stop 22's candidates for the projection's kernels, each alone at the GLA-370M shape (prepared
 # without a GPU): then, for the winners, gputests and speed
 stage_projvariants() {
-  run 420 python benchmarks/projection_variants.py --out $R/projection_variants_h200.json
+  run ${PROJ_LIMIT:-420} python benchmarks/projection_variants.py --out $R/projection_variants_h200.json
 }
 
 stage_compile() {  # whole models under torch.compile (inductor) on CUDA: graph breaks, compiled step against eager
-  run 420 python benchmarks/check_compile.py --out $R/compile_cuda_h200.json --positions selective_rope
+  run ${COMPILE_LIMIT:-420} python benchmarks/check_compile.py --out $R/compile_cuda_h200.json --positions selective_rope
+}
+
+stage_stop23() {  # the transposed projection backward and the pipelined norm pass: their tests (the norm pass falls
+  # back to (32, 1) in this copy if they fail), every GPU test, the GLA layer, gla-370m training and decoding
+  run 150 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu_projection.xml
+  if ! grep -q 'failures="0"' $R/pytest_gpu_projection.xml || grep -q 'errors="[1-9]' $R/pytest_gpu_projection.xml; then
+    log "projection tests failed: NORM_PASS = (32, 1) in this copy"; sed -i 's/^NORM_PASS = .*/NORM_PASS = (32, 1)/' src/srope/ops/triton/projection.py
+  fi
+  TEST_LIMIT=${TEST_LIMIT:-200} stage_gputests
+  stage_gatelayer
+  stage_gatemodel
+}
+
+stage_stop23b() {  # the backward's tiles near the shipped one, the layer's profile, compiled GLA and attention models
+  run 150 python benchmarks/projection_variants.py --only "shipped,bandwidth,tile,forward shipped" --out $R/projection_tiles_h200.json
+  run 150 python benchmarks/profile_layer.py --out $R/profile_layer_h200.json
+  run ${COMPILE_LIMIT:-250} python benchmarks/check_compile.py --out $R/compile_cuda_h200.json --positions selective_rope --mixers gla,attention
+}
+
+stage_stop23c() {  # the three-stage backward tile: projection tests, tiles beside it, the GLA layer, the model, compiled GLA and GDN
+  run 150 python -m pytest tests/triton/test_projection_kernels.py -q -p no:cacheprovider -rA --junitxml=$R/pytest_gpu_projection.xml
+  run 150 python benchmarks/projection_variants.py --only "shipped,bandwidth,tile" --out $R/projection_tiles_h200.json
+  stage_gatelayer
+  stage_gatemodel
+  run ${COMPILE_LIMIT:-250} python benchmarks/check_compile.py --out $R/compile_cuda_h200.json --positions selective_rope --mixers gla,gated_deltanet
 }
 
 pack() {  # after every stage, so that a call cut short still returns what finished

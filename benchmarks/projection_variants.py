@@ -1,31 +1,26 @@
-"""Variants of the generator projection's kernels, each timed alone (prepared at stop 22).
+"""Variants of the generator projection's kernels, each timed alone.
 
-**Backward.** The shipped kernel (``srope.ops.triton.projection.backward_kernel``: dx and
-the weight gradient in one pass, 232-238 registers, one 8-warp program per SM) took
-0.236 ms in the GLA-370M layer against a 0.085 ms HBM floor. The variants test two
-explanations:
+Prepared at stop 22 without a GPU and timed at stop 23 (results/projection_variants_h200.json,
+projection_tiles_h200.json), when the winners moved into ``srope.ops.triton.projection``.
 
-* **layout conversions**: the shipped kernel's tiles are [tokens, inputs]; its two products
-  then use different wgmma layouts and the TTGIR has 11 layout conversions per step.
-  ``transposed_kernel`` computes ``dxᵀ = W dzᵀ`` on [inputs, tokens] tiles, where both
-  products share one layout (7 conversions);
-* **one program per SM**: ``transposed_kernel`` without WEIGHT_GRAD computes dx alone (and
-  writes dz, 1/15 of x's bytes) at 128 registers with two stages (two programs per SM), and
-  ``weight_grad_kernel`` sums ``Σ x_lowᵀ dz`` from the forward's bf16 copy of x (what the
-  host's maps read, saved anyway) as a pipelined split-K product.
+**Backward** (``backward_kernel``: dx and the weight gradient in one pass). Tiles of the
+shipped kernel; ``dx alone``: the same kernel without the weight gradient, writing dz (1/15
+of x's bytes), at 128 registers with two stages (two programs per SM); ``split``: that,
+then ``weight_grad_kernel``, ``Σ x_lowᵀ dz`` from the forward's bf16 copy of x (what the
+host's maps read) as a pipelined split-K product. At stop 23 the [inputs, tokens] tiles
+(7 layout conversions per step against 11 on [tokens, inputs]) took 0.196-0.210 ms
+against 0.249 for the kernel on [tokens, inputs] tiles, and the split 0.208.
 
-**Forward.** The shipped kernel (0.147 ms with the cast, floor 0.05) reads x for the norm in
-steps whose loads wait for each other (Triton pipelines only the products' loads): the
-variants widen that pass and pipeline it (``NORM_PASS``), with other product tiles beside.
+**Forward.** The norm's pass over x in wider, software-pipelined steps (``NORM_PASS``),
+with other product tiles beside.
 
 At 32768 tokens x 4 heads x 256 inputs -> 68 (the GLA-370M layer; ``--small``: a small
 shape under ``TRITON_INTERPRET=1`` with exact 16-bit inputs, where every variant must match
 float64 to 1e-6). ``triton.testing.do_bench`` medians (L2 flushed), with a torch
 ``x + host_grad`` of the same bytes as the bandwidth reference. JSON lines on stdout and a
-list in ``--out``; exit status 1 if any variant is wrong. The kernels are copies for
-measurement: what wins moves into ``srope.ops.triton.projection``.
+list in ``--out``; exit status 1 if any variant is wrong.
 
-    python benchmarks/projection_variants.py --out FILE [--small]
+    python benchmarks/projection_variants.py --out FILE [--small] [--only PREFIX,...]
 """
 
 from __future__ import annotations
@@ -44,77 +39,6 @@ from srope.ops.triton.ops import interpreting
 
 TOLERANCE = 1e-6  # the backward's, relative to float64, exact 16-bit inputs (--small)
 LAUNCHED = {}  # kernel name -> the compiled kernel of its last launch (registers and spills on the GPU)
-
-
-@triton.jit
-def _dz_columns(dy, y, z_out, offsets_n, mn, r, start, dot_y, write, M: tl.constexpr, BM: tl.constexpr,
-                dtype: tl.constexpr, STORE_Z: tl.constexpr, UPCAST: tl.constexpr):
-    """Columns ``start + [0, BM)``: dz = r·dy rounded to ``dtype`` ([BN, BM]) and dot_y += Σ dy·y;
-    STORE_Z: dz also written to ``z_out`` where ``write``."""
-    mm = start + tl.arange(0, BM)
-    tile = mn[:, None] & (mm < M)[None, :]
-    g = tl.load(dy + offsets_n[:, None] + mm[None, :], mask=tile, other=0.0)
-    dot_y += tl.sum(g * tl.load(y + offsets_n[:, None] + mm[None, :], mask=tile, other=0.0), axis=1)
-    z = (g * r[:, None]).to(dtype, fp_downcast_rounding="rtne")
-    if STORE_Z:
-        tl.store(z_out + offsets_n[:, None] + mm[None, :], z, mask=tile & write)
-    return z.to(tl.float32) if UPCAST else z, dot_y
-
-
-@triton.jit
-def _input_grad_step(dy, y, inv_norm, x, host_grad, dx, z_out, w1, w2, start, N, x_n, h, ii, mi, write, dtype: tl.constexpr,
-                     H: tl.constexpr, I: tl.constexpr, M: tl.constexpr, BN: tl.constexpr, BM1: tl.constexpr,
-                     BM2: tl.constexpr, TWO: tl.constexpr, HOST_GRAD: tl.constexpr, STORE_Z: tl.constexpr,
-                     UPCAST: tl.constexpr):
-    """One step of BN tokens on [inputs, tokens] tiles: writes dxᵀ = W dzᵀ - r²(dy·y) xᵀ
-    (+ host_grad); returns xᵀ and the dz column blocks."""
-    nn = start + tl.arange(0, BN)
-    mn = nn < N
-    rows = nn.to(tl.int64)
-    r = tl.load(inv_norm + rows * H + h, mask=mn, other=0.0)
-    offsets_n = (rows * H + h) * M
-    dot_y = tl.zeros([BN], dtype=tl.float32)
-    z1, dot_y = _dz_columns(dy, y, z_out, offsets_n, mn, r, 0, dot_y, write, M, BM1, dtype, STORE_Z, UPCAST)
-    acc = tl.dot(w1, tl.trans(z1))
-    z2 = z1
-    if TWO:
-        z2, dot_y = _dz_columns(dy, y, z_out, offsets_n, mn, r, BM1, dot_y, write, M, BM2, dtype, STORE_Z, UPCAST)
-        acc = tl.dot(w2, tl.trans(z2), acc)
-    tile = mi[:, None] & mn[None, :]
-    xt = tl.load(x + rows[None, :] * x_n + h * I + ii[:, None], mask=tile, other=0.0)
-    out = acc - xt * (dot_y * r * r)[None, :]
-    if HOST_GRAD:
-        out += tl.load(host_grad + (rows[None, :] * H + h) * I + ii[:, None], mask=tile, other=0.0).to(tl.float32)
-    tl.store(dx + (rows[None, :] * H + h) * I + ii[:, None], out, mask=tile)
-    return xt, z1, z2
-
-
-@triton.jit
-def transposed_kernel(
-    dy, y, inv_norm, weight, x, host_grad, dx, dw, z_out, N, x_n, tokens,
-    H: tl.constexpr, I: tl.constexpr, M: tl.constexpr, BN: tl.constexpr, BI: tl.constexpr, BM1: tl.constexpr,
-    BM2: tl.constexpr, TWO: tl.constexpr, HOST_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, UPCAST: tl.constexpr,
-):
-    """The shipped kernel's work on [inputs, tokens] tiles: dx and (WEIGHT_GRAD) the slab's
-    weight-gradient partial, or else dx alone with dz written (by the first input slice's programs)."""
-    ps, h, pi = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    ii = pi * BI + tl.arange(0, BI)
-    mi = ii < I
-    w1 = shipped._load_weight(weight, h, ii, mi, 0, I, M, BM1, UPCAST)
-    w2 = shipped._load_weight(weight, h, ii, mi, BM1, I, M, BM2, UPCAST)
-    grad1 = tl.zeros([BI, BM1], dtype=tl.float32)
-    grad2 = tl.zeros([BI, BM2], dtype=tl.float32)
-    first = ps * tokens
-    for start in range(first, tl.minimum(first + tokens, N), BN):
-        xt, z1, z2 = _input_grad_step(dy, y, inv_norm, x, host_grad, dx, z_out, w1, w2, start, N, x_n, h, ii, mi, pi == 0,
-                                      weight.dtype.element_ty, H, I, M, BN, BM1, BM2, TWO, HOST_GRAD, not WEIGHT_GRAD, UPCAST)
-        if WEIGHT_GRAD:
-            x_low = xt.to(weight.dtype.element_ty, fp_downcast_rounding="rtne")
-            grad1, grad2 = shipped._add_weight_grads(x_low, z1, z2, grad1, grad2, TWO, UPCAST)
-    if WEIGHT_GRAD:
-        shipped._store_weight_grad(dw, grad1, ps, h, ii, mi, 0, H, I, M, BM1)
-        if TWO:
-            shipped._store_weight_grad(dw, grad2, ps, h, ii, mi, BM1, H, I, M, BM2)
 
 
 @triton.jit
@@ -165,26 +89,15 @@ def _blocks(width):
     return dict(BM1=first, BM2=max(rest, 16), TWO=rest > 0)
 
 
-def run_transposed(dy, y, r, w, x, hg, tile, slab):
-    (count, heads, chunk), width = x.shape, w.shape[2]
-    options, tokens, grid = _launch(tile, count, heads, chunk, slab)
-    dx = torch.empty_like(x)
-    partial = torch.empty(grid[0], heads, chunk, width, dtype=torch.float32, device=x.device)
-    LAUNCHED["transposed"] = transposed_kernel[grid](dy, y, r, w, x, dx if hg is None else hg, dx, partial, dx, count, x.stride(0),
-                                                     tokens, H=heads, I=chunk, M=width, BN=tile[0], BI=tile[1], **_blocks(width),
-                                                     HOST_GRAD=hg is not None, WEIGHT_GRAD=True, UPCAST=interpreting(), **options)
-    return dx, partial.sum(0)
-
-
 def run_split(dy, y, r, w, x, hg, x_low, dx_tile, dx_slab, dw_tile=None, dw_slab=None):
     """dx and dz, then (with a dw tile) the weight gradient from ``x_low``."""
     (count, heads, chunk), width = x.shape, w.shape[2]
     options, tokens, grid = _launch(dx_tile, count, heads, chunk, dx_slab)
     dx = torch.empty_like(x)
     z = torch.empty(count, heads, width, dtype=w.dtype, device=x.device)
-    LAUNCHED["input_grad"] = transposed_kernel[grid](dy, y, r, w, x, dx if hg is None else hg, dx, dx, z, count, x.stride(0),
-                                                     tokens, H=heads, I=chunk, M=width, BN=dx_tile[0], BI=dx_tile[1], **_blocks(width),
-                                                     HOST_GRAD=hg is not None, WEIGHT_GRAD=False, UPCAST=interpreting(), **options)
+    LAUNCHED["input_grad"] = shipped.backward_kernel[grid](
+        dy, y, r, w, x, dx if hg is None else hg, dx, dx, z, count, x.stride(0), tokens, H=heads, I=chunk, M=width, BN=dx_tile[0],
+        BI=dx_tile[1], **_blocks(width), HOST_GRAD=hg is not None, WEIGHT_GRAD=False, STORE_Z=True, UPCAST=interpreting(), **options)
     if dw_tile is None:
         return dx, None
     options, tokens, grid = _launch(dw_tile, count, heads, chunk, dw_slab)
@@ -226,9 +139,11 @@ def backward_cases(data, small: bool):
     if not small:
         sum_out = torch.empty_like(x)
         out.append(("bandwidth reference: torch x + host_grad", lambda: (torch.add(x, hg, out=sum_out), None)))
-    for tile, tokens in (((64, 128, 8, 1), 2048), ((64, 128, 8, 1), 1024), ((64, 128, 8, 2), 2048), ((32, 128, 8, 1), 2048),
-                         ((32, 128, 8, 2, 128), 1024), ((64, 64, 8, 2), 2048), ((64, 64, 8, 2, 128), 1024)):
-        out.append((f"transposed {tile} slab {tokens}", lambda t=tile, s=tokens: run_transposed(dy, y, r, w, x, hg, pick(t), slab(s))))
+    for tile, tokens in (((64, 128, 8, 1), 2048), ((64, 128, 8, 2), 2048), ((32, 128, 8, 2, 128), 1024), ((32, 128, 8, 2, 128), 2048), ((32, 128, 8, 2, 128), 512),
+                         ((32, 128, 8, 3, 128), 1024), ((32, 128, 4, 2, 128), 1024), ((16, 128, 4, 2, 128), 1024),
+                         ((64, 128, 8, 2, 128), 1024), ((64, 64, 8, 2, 128), 1024)):
+        settings = {"BACKWARD_TILE": tile, "SLAB": tokens}
+        out.append((f"tile {tile} slab {tokens}", with_settings(shipped, settings, lambda: shipped._backward_op(dy, y, r, w, x, hg, True))))
     for tile in ((64, 128, 8, 1), (64, 128, 8, 2, 128), (64, 128, 8, 1, 128), (32, 128, 4, 1), (32, 128, 8, 2), (32, 128, 8, 2, 128)):
         for tokens in (512, 256):
             out.append((f"dx alone {tile} slab {tokens}", lambda t=tile, s=tokens: run_split(dy, y, r, w, x, hg, x_low, pick(t), slab(s))))
@@ -317,6 +232,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--small", action="store_true", help="small shapes, for TRITON_INTERPRET=1 on the CPU")
+    parser.add_argument("--only", default="", help="comma-separated name prefixes of the cases to run (default: all)")
     args = parser.parse_args()
     device = "cpu" if interpreting() else "cuda"
     # float32 sums over 32768 tokens on the GPU; the forward is float32-accurate (4.5e-7 shipped)
@@ -334,7 +250,10 @@ def main() -> int:
         except Exception as error:  # (after a GPU fault, say): recorded, and what ran is kept
             results.append({"name": f"{direction} setup", "error": repr(error)[:400], "wrong": True})
             cases = []
+        prefixes = tuple(filter(None, args.only.split(",")))
         for name, fn in cases:
+            if prefixes and not name.startswith(prefixes):
+                continue
             results.append(measure(name, fn, references, names, device, direction_bound))
             write_json(args.out, {**environment(), "results": results})  # after each case: a fault keeps the rest
         del data, references

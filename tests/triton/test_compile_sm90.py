@@ -1,5 +1,5 @@
 """The kernels compile for sm_90 (H100/H200) through ptxas on this machine, GPU or not:
-no compile error, no register spills (one exception, explained below), no sin.approx/cos.approx
+no compile error, no register spills (exceptions explained below), no sin.approx/cos.approx
 in the PTX. The kernels are specialised as the JIT does on the GPU (compile_sm90.signature)."""
 
 from __future__ import annotations
@@ -30,7 +30,12 @@ def test_every_kernel_compiles_for_sm90_without_spills_or_approximate_sincos():
         # With 4 warps the rotation forwards and RoPE's backward keep one predicate register
         # in local memory across libdevice sinf/cosf's branch to their slow path (Payne-Hanek,
         # taken for |x| >= 105615, never after the reduction modulo 2π): a 4-byte store and
-        # load, read from the SASS (stop 22). Nothing else may spill.
+        # load, read from the SASS (stop 22). The projection's backward is capped at 128
+        # registers (two programs per SM) and spills 156 bytes: it was still the fastest tile
+        # measured (srope.ops.triton.projection.BACKWARD_TILE).
+        # Nothing else may spill.
         allowed = 8 if report["kernel"] in ("srope_fwd_kernel", "_rope_fwd", "_rope_bwd") and report["warps"] == 4 else 0
+        if report["kernel"] == "backward_kernel" and report["WEIGHT_GRAD"]:
+            allowed = 156
         assert report["spill_bytes"] <= allowed, report
         assert not any(op.startswith(FORBIDDEN) for op in report["approx"]), report

@@ -32,15 +32,18 @@ and everything else in float32::
 
 Each program takes a slab of tokens of one head and a slice of its inputs: per step of BN
 tokens it forms dz and the norm's coefficient from its dy and y tiles, multiplies on
-tensor cores, adds the norm's term and writes dx, and adds the step's ``x_lowᵀ dz`` to the
+tensor cores (on [inputs, tokens] tiles, ``dxᵀ = W dzᵀ``, where both products share one
+layout), adds the norm's term and writes dx, and adds the step's ``x_lowᵀ dz`` to the
 slab's weight gradient, kept in float32 registers and written once; the slabs' partials
 are summed in a fixed order (deterministic). x is read once and nothing else of its size
 is written. With ``host_grad`` (the gradient the host's maps send back to that copy of x)
 dx also gets it added: x then gets one gradient instead of two that autograd adds. At
-8 × 4096 tokens × 1024 on the H200: 0.25 ms (0.236 with host_grad, in the layer), against
-0.54 for the torch route (casts, cuBLAS bf16 products that return bf16, a mixed-dtype add),
-and 0.18 + 0.09 ms for the previous split into an input-gradient kernel and cuBLAS
-weight-gradient products (benchmarks/tune_projection_grad.py).
+8 × 4096 tokens × 1024 with host_grad on the H200: 0.196 ms alone (the HBM floor of its
+340 MB is 0.07 ms at 4.8 TB/s; a torch ``x + host_grad`` over nearly the same bytes takes
+0.125), 0.196 in the layer, against 0.54 for the torch route (casts, cuBLAS bf16 products that return
+bf16, a mixed-dtype add), 0.18 + 0.09 ms for an input-gradient kernel and cuBLAS
+weight-gradient products (benchmarks/tune_projection_grad.py), and 0.216-0.249 for this
+kernel on [tokens, inputs] tiles (benchmarks/projection_variants.py).
 """
 
 from __future__ import annotations
@@ -53,17 +56,18 @@ from srope.ops.triton.ops import interpreting, on_device
 
 
 @triton.jit
-def _column_grads(dy, y, weight, offsets_n, mn, r, w, start, acc, dot_y, M: tl.constexpr, BM: tl.constexpr, UPCAST: tl.constexpr):
-    """Columns ``start + [0, BM)``: dz = r·dy rounded to the weight's dtype, ``acc += dz @ wᵀ``
-    and ``dot_y += Σ dy·y`` over them; returns dz for the weight gradient."""
+def _dz_columns(dy, y, z_out, offsets_n, mn, r, start, dot_y, write, M: tl.constexpr, BM: tl.constexpr,
+                dtype: tl.constexpr, STORE_Z: tl.constexpr, UPCAST: tl.constexpr):
+    """Columns ``start + [0, BM)``: dz = r·dy rounded to ``dtype`` ([BN, BM]) and ``dot_y += Σ dy·y``
+    over them; STORE_Z: dz also written to ``z_out`` where ``write``."""
     mm = start + tl.arange(0, BM)
     tile = mn[:, None] & (mm < M)[None, :]
     g = tl.load(dy + offsets_n[:, None] + mm[None, :], mask=tile, other=0.0)
     dot_y += tl.sum(g * tl.load(y + offsets_n[:, None] + mm[None, :], mask=tile, other=0.0), axis=1)
-    z = (g * r[:, None]).to(weight.dtype.element_ty, fp_downcast_rounding="rtne")
-    if UPCAST:
-        z = z.to(tl.float32)
-    return tl.dot(z, tl.trans(w), acc), dot_y, z
+    z = (g * r[:, None]).to(dtype, fp_downcast_rounding="rtne")
+    if STORE_Z:
+        tl.store(z_out + offsets_n[:, None] + mm[None, :], z, mask=tile & write)
+    return z.to(tl.float32) if UPCAST else z, dot_y
 
 
 @triton.jit
@@ -92,21 +96,53 @@ def _add_weight_grads(x_low, z1, z2, grad1, grad2, TWO: tl.constexpr, UPCAST: tl
 
 
 @triton.jit
+def _input_grad_step(dy, y, inv_norm, x, host_grad, dx, z_out, w1, w2, start, N, x_n, h, ii, mi, write, dtype: tl.constexpr,
+                     H: tl.constexpr, I: tl.constexpr, M: tl.constexpr, BN: tl.constexpr, BM1: tl.constexpr,
+                     BM2: tl.constexpr, TWO: tl.constexpr, HOST_GRAD: tl.constexpr, STORE_Z: tl.constexpr,
+                     UPCAST: tl.constexpr):
+    """One step of BN tokens on [inputs, tokens] tiles: writes ``dxᵀ = W dzᵀ - r²(dy·y) xᵀ``
+    (+ host_grad); returns xᵀ and the dz column blocks."""
+    nn = start + tl.arange(0, BN)
+    mn = nn < N
+    rows = nn.to(tl.int64)  # x's offsets pass 2^31 at 2^21 tokens of 1024
+    r = tl.load(inv_norm + rows * H + h, mask=mn, other=0.0)
+    offsets_n = (rows * H + h) * M
+    dot_y = tl.zeros([BN], dtype=tl.float32)
+    z1, dot_y = _dz_columns(dy, y, z_out, offsets_n, mn, r, 0, dot_y, write, M, BM1, dtype, STORE_Z, UPCAST)
+    acc = tl.dot(w1, tl.trans(z1))
+    z2 = z1
+    if TWO:
+        z2, dot_y = _dz_columns(dy, y, z_out, offsets_n, mn, r, BM1, dot_y, write, M, BM2, dtype, STORE_Z, UPCAST)
+        acc = tl.dot(w2, tl.trans(z2), acc)
+    tile = mi[:, None] & mn[None, :]
+    xt = tl.load(x + rows[None, :] * x_n + h * I + ii[:, None], mask=tile, other=0.0)
+    out = acc - xt * (dot_y * r * r)[None, :]
+    if HOST_GRAD:
+        out += tl.load(host_grad + (rows[None, :] * H + h) * I + ii[:, None], mask=tile, other=0.0).to(tl.float32)
+    tl.store(dx + (rows[None, :] * H + h) * I + ii[:, None], out, mask=tile)
+    return xt, z1, z2
+
+
+@triton.jit
 def backward_kernel(
-    dy, y, inv_norm, weight, x, host_grad, dx, dw,
+    dy, y, inv_norm, weight, x, host_grad, dx, dw, z_out,
     N, x_n, tokens,
     H: tl.constexpr, I: tl.constexpr, M: tl.constexpr,
     BN: tl.constexpr, BI: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr, TWO: tl.constexpr,
-    HOST_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, UPCAST: tl.constexpr,
+    HOST_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, STORE_Z: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Program (slab of ``tokens`` tokens, head, slice of BI inputs of the head chunk): ``dx``
     there, in steps of BN tokens, and (WEIGHT_GRAD) the slab's share of the weight gradient
     ``Σ x_lowᵀ dz`` over them, accumulated in registers and written as one partial
-    ``dw[slab, h]``. HOST_GRAD: dx also gets ``host_grad`` (the gradient of the forward's
-    16-bit copy of x, [N, H, I]). The weight's tile is loaded once. Columns as in the forward: the first
-    BM1 and, if TWO, the next BM2. ``UPCAST``: multiply in float32 (the interpreter's dot
-    misreads 16-bit operands; products of 16-bit numbers are exact in float32, so only the
-    summation order differs)."""
+    ``dw[slab, h]``. The tiles are [inputs, tokens] (``dxᵀ = W dzᵀ``): both products then
+    share one wgmma layout (7 layout conversions per step in the TTGIR, against 11 on
+    [tokens, inputs] tiles). HOST_GRAD: dx also gets ``host_grad`` (the gradient of the
+    forward's 16-bit copy of x, [N, H, I]). STORE_Z: dz is written to ``z_out`` [N, H, M]
+    (by the first input slice's programs; for a weight gradient computed elsewhere). The
+    weight's tile is loaded once. Columns as in the forward: the first BM1 and, if TWO, the
+    next BM2. ``UPCAST``: multiply in float32 (the interpreter's dot misreads 16-bit
+    operands; products of 16-bit numbers are exact in float32, so only the summation order
+    differs)."""
     ps, h, pi = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ii = pi * BI + tl.arange(0, BI)
     mi = ii < I
@@ -116,25 +152,10 @@ def backward_kernel(
     grad2 = tl.zeros([BI, BM2], dtype=tl.float32)
     first = ps * tokens
     for start in range(first, tl.minimum(first + tokens, N), BN):
-        nn = start + tl.arange(0, BN)
-        mn = nn < N
-        rows = nn.to(tl.int64)  # x's offsets pass 2^31 at 2^21 tokens of 1024
-        r = tl.load(inv_norm + rows * H + h, mask=mn, other=0.0)
-        offsets_n = (rows * H + h) * M
-        acc = tl.zeros([BN, BI], dtype=tl.float32)
-        dot_y = tl.zeros([BN], dtype=tl.float32)
-        acc, dot_y, z1 = _column_grads(dy, y, weight, offsets_n, mn, r, w1, 0, acc, dot_y, M, BM1, UPCAST)
-        z2 = z1
-        if TWO:
-            acc, dot_y, z2 = _column_grads(dy, y, weight, offsets_n, mn, r, w2, BM1, acc, dot_y, M, BM2, UPCAST)
-        tile = mn[:, None] & mi[None, :]
-        xs = tl.load(x + rows[:, None] * x_n + h * I + ii[None, :], mask=tile, other=0.0)
-        out = acc - xs * (dot_y * r * r)[:, None]
-        if HOST_GRAD:
-            out += tl.load(host_grad + (rows[:, None] * H + h) * I + ii[None, :], mask=tile, other=0.0).to(tl.float32)
-        tl.store(dx + (rows[:, None] * H + h) * I + ii[None, :], out, mask=tile)
+        xt, z1, z2 = _input_grad_step(dy, y, inv_norm, x, host_grad, dx, z_out, w1, w2, start, N, x_n, h, ii, mi, pi == 0,
+                                      weight.dtype.element_ty, H, I, M, BN, BM1, BM2, TWO, HOST_GRAD, STORE_Z, UPCAST)
         if WEIGHT_GRAD:
-            x_low = tl.trans(xs.to(weight.dtype.element_ty, fp_downcast_rounding="rtne"))
+            x_low = xt.to(weight.dtype.element_ty, fp_downcast_rounding="rtne")
             grad1, grad2 = _add_weight_grads(x_low, z1, z2, grad1, grad2, TWO, UPCAST)
     if WEIGHT_GRAD:
         _store_weight_grad(dw, grad1, ps, h, ii, mi, 0, H, I, M, BM1)
@@ -142,15 +163,18 @@ def backward_kernel(
             _store_weight_grad(dw, grad2, ps, h, ii, mi, BM1, H, I, M, BM2)
 
 
-# BN tokens x BI of the head chunk per step, with this many warps and pipeline stages, and
-# at least SLAB tokens per program: 0.246 ms at the GLA-370M shape on the H200, the fastest
-# of 11 tiles at 2-3 slab sizes that benchmarks/tune_projection_grad.py measured (64-input
-# slices or 32-token steps 0.27-0.51, 16 warps 0.29, 1024-token slabs 0.254;
-# results/tune_projection_backward*_h200.json). ptxas gives it 232 registers (238 with the
-# host's gradient added, HOST_GRAD), no spills: one program per SM. In the GLA-370M layer
-# it took 0.236 ms with HOST_GRAD against 0.213 without, 0.014 of which is reading the gradient.
-BACKWARD_TILE = (64, 128, 8, 1)  # BN, BI, warps, stages
-SLAB = 2048
+# BN tokens x BI of the head chunk per step, with this many warps, pipeline stages and at
+# most this many registers, and at least SLAB tokens per program. At the GLA-370M shape with
+# the host's gradient on the H200 (benchmarks/projection_variants.py): 0.196 ms, against
+# 0.207 with two stages, 0.218-0.342 for 7 other tiles and 0.216 for the previous kernel's
+# tile (results/projection_tiles_h200.json); in an earlier run 0.210 with two stages against
+# 0.249 for the previous kernel on [tokens, inputs] tiles (64 x 128, 8 warps, one stage: 238
+# registers, one program per SM) and 0.208 for a split into dx (writing dz) and a split-K
+# weight gradient, which would need the forward's 16-bit copy of x kept for the backward
+# (results/projection_variants_h200.json). Capped at 128 registers two programs fit on an
+# SM; ptxas then spills 156 bytes (compile_sm90), and the tile is still the fastest measured.
+BACKWARD_TILE = (32, 128, 8, 3, 128)  # BN, BI, warps, stages, maxnreg
+SLAB = 1024
 MAX_SLABS = 256  # the partial weight gradients take at most this many times the weight's size
 
 
@@ -173,7 +197,7 @@ def _backward_op(
     dy, y, inv_norm, weight = dy.contiguous(), y.contiguous(), inv_norm.contiguous(), weight.contiguous()
     host_grad = None if host_grad is None else host_grad.contiguous()
     dx = torch.empty(count, heads, chunk, dtype=x.dtype, device=x.device)
-    block_n, block_i, warps, stages = (16, 16, 4, 1) if interpreting() else BACKWARD_TILE
+    block_n, block_i, warps, stages, *maxnreg = (16, 16, 4, 1) if interpreting() else BACKWARD_TILE
     block_i = min(block_i, max(16, triton.next_power_of_2(chunk)))
     tokens = slab_tokens(count, block_n, 32 if interpreting() else SLAB)
     slabs = triton.cdiv(count, tokens) if weight_grad else 0
@@ -184,9 +208,10 @@ def _backward_op(
     first, rest = column_blocks(width)
     with on_device(x):
         backward_kernel[(triton.cdiv(count, tokens), heads, triton.cdiv(chunk, block_i))](
-            dy, y, inv_norm, weight, x, dx if host_grad is None else host_grad, dx, partial, count, x.stride(0), tokens,
+            dy, y, inv_norm, weight, x, dx if host_grad is None else host_grad, dx, partial, dx, count, x.stride(0), tokens,
             H=heads, I=chunk, M=width, BN=block_n, BI=block_i, BM1=first, BM2=max(rest, 16), TWO=rest > 0,
-            HOST_GRAD=host_grad is not None, WEIGHT_GRAD=weight_grad, UPCAST=interpreting(), num_warps=warps, num_stages=stages,
+            HOST_GRAD=host_grad is not None, WEIGHT_GRAD=weight_grad, STORE_Z=False, UPCAST=interpreting(), num_warps=warps,
+            num_stages=stages, **({"maxnreg": maxnreg[0]} if maxnreg else {}),
         )
     # (without the weight gradient: zeros of its shape, which the caller drops)
     return dx, partial[0] if slabs == 1 else partial.sum(0)  # a fixed order: deterministic
@@ -347,9 +372,12 @@ def forward_kernel(
 # cause we have not found; every 32-input tile ran every tested shape
 # (results/projection_forward_tiles_fault_h200.json).
 FORWARD_TILE = (64, 32, 4, 3)  # BN, BK, warps, software-pipeline stages
-# The norm's pass: inputs per step and pipeline stages (1: each step's load waits for the
-# last; Triton pipelines only the products' loads by itself).
-NORM_PASS = (32, 1)
+# The norm's pass: inputs per step and software-pipeline stages (with 1 each step's load
+# waits for the last: Triton pipelines only the products' loads by itself). With the cast at
+# the GLA-370M shape on the H200: 0.143 ms, against 0.157 for (32, 1), 0.148 for (32, 3) and
+# 0.155 for (128, 2); three stages of 64 took 0.237 (benchmarks/projection_variants.py,
+# results/projection_variants_h200.json).
+NORM_PASS = (64, 2)
 INTERPRETED_FORWARD = ((16, 16, 4, 1), (16, 1))  # (FORWARD_TILE, NORM_PASS) under TRITON_INTERPRET=1
 
 
