@@ -7,7 +7,8 @@ geometry of check_cuda_models.py on CUDA under bf16 autocast):
   reason, the innermost srope frame where it happened;
 - the loss and every parameter's gradient from ``torch.compile`` (backend ``--backend``;
   ``fullgraph=True`` where explain found no break) against eager (relative error of all
-  gradients together);
+  gradients together); on CUDA beside it the scale of bf16 autocast's own error, eager under
+  autocast against eager float32 (``eager_bf16_vs_fp32``, with ``--bf16-scale``);
 - with ``--layouts dense,padded,packed``, the same for a left-padded and a packed batch (a
   packed batch's layout is data-dependent by design: its sizes come from ``cu_seqlens``).
 
@@ -61,9 +62,9 @@ def batch(model: SRopeForCausalLM, layout: str, device: str) -> tuple[torch.Tens
     return ids, {}
 
 
-def _loss_fn(model, kwargs, device):
+def _loss_fn(model, kwargs, device, autocast=True):
     def loss(ids):
-        with torch.autocast("cuda", torch.bfloat16, enabled=device == "cuda"):
+        with torch.autocast("cuda", torch.bfloat16, enabled=autocast and device == "cuda"):
             return model(input_ids=ids, labels=ids, **kwargs).loss
     return loss
 
@@ -80,7 +81,7 @@ def graph_breaks(model, ids, kwargs, device) -> dict:
             "reasons": [{"reason": text, "where": where, "count": count} for (text, where), count in reasons.items()]}
 
 
-def compiled_against_eager(model, ids, kwargs, device, backend, fullgraph) -> dict:
+def compiled_against_eager(model, ids, kwargs, device, backend, fullgraph, bf16_scale=False) -> dict:
     """Relative errors of the compiled loss and gradients against eager: all parameters
     together, and the worst single parameter (the embedding's gradient dominates the first)."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
@@ -91,24 +92,32 @@ def compiled_against_eager(model, ids, kwargs, device, backend, fullgraph) -> di
     torch._dynamo.reset()
     got = torch.compile(loss, backend=backend, fullgraph=fullgraph)(ids)
     got_grads = torch.autograd.grad(got, params)
+    record = {"fullgraph": fullgraph, **_errors(got, got_grads, want, want_grads, named)}
+    if device == "cuda" and bf16_scale:  # the scale of bf16 autocast's own error: eager under autocast against eager float32
+        full = _loss_fn(model, kwargs, device, autocast=False)(ids)
+        record["eager_bf16_vs_fp32"] = _errors(want, want_grads, full, torch.autograd.grad(full, params), named)
+    return record
+
+
+def _errors(got, got_grads, want, want_grads, named) -> dict:
     flat = lambda grads: torch.cat([g.float().flatten() for g in grads])
-    got, want = got.detach(), want.detach()
+    got, want = got.detach().float(), want.detach().float()
     each = {name: float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
             for (name, _), a, b in zip(named, got_grads, want_grads)}
     worst = max(each, key=each.get)
-    return {"fullgraph": fullgraph, "loss_error": float((got - want).abs() / want.abs()),
+    return {"loss_error": float((got - want).abs() / want.abs()),
             "grad_error": float((flat(got_grads) - flat(want_grads)).norm() / flat(want_grads).norm()),
             "worst_param_error": each[worst], "worst_param": worst}
 
 
-def check(mixer, position, device, backend, layouts=("dense",)) -> dict:
+def check(mixer, position, device, backend, layouts=("dense",), bf16_scale=False) -> dict:
     """Per layout: the breaks, and the compiled step against eager."""
     model = build(mixer, position, device)
     record = {"mixer": mixer, "position": position}
     for layout in layouts:
         ids, kwargs = batch(model, layout, device)
         record[layout] = breaks = graph_breaks(model, ids, kwargs, device)
-        breaks.update(compiled_against_eager(model, ids, kwargs, device, backend, fullgraph=breaks["breaks"] == 0))
+        breaks.update(compiled_against_eager(model, ids, kwargs, device, backend, breaks["breaks"] == 0, bf16_scale))
     return record
 
 
@@ -120,12 +129,14 @@ def main() -> None:
     parser.add_argument("--layouts", default="dense", help="of dense, padded, packed")
     parser.add_argument("--mixers", default=",".join(MIXERS))
     parser.add_argument("--positions", default=",".join(POSITIONS))
+    parser.add_argument("--bf16-scale", action="store_true",
+                        help="on CUDA also eager float32 (fla's float32 kernels autotune: minutes on a cold cache)")
     args = parser.parse_args()
     report = {**environment(), "device": args.device, "backend": args.backend, "results": []}
     for mixer in args.mixers.split(","):
         for position in args.positions.split(","):
             try:
-                record = check(mixer, position, args.device, args.backend, tuple(args.layouts.split(",")))
+                record = check(mixer, position, args.device, args.backend, tuple(args.layouts.split(",")), args.bf16_scale)
             except Exception as error:  # recorded, and the other pairs still run
                 record = {"mixer": mixer, "position": position, "error": repr(error)[:500], "trace": traceback.format_exc()[-2000:]}
             print(record, flush=True)

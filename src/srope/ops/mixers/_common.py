@@ -86,8 +86,19 @@ def needs_grad(*tensors) -> bool:
 # ----------------------------------------------------------------------------------------
 
 
-@functools.cache
+_FLA: tuple[SimpleNamespace | None, str | None] | None = None  # (fla's kernels or None, why not) once imported
+
+
 def _load_fla() -> tuple[SimpleNamespace | None, str | None]:
+    # A module global rather than functools.cache: torch.compile reads a global, but traces
+    # through a cache wrapper into the imports (a graph break at every call).
+    global _FLA
+    if _FLA is None:
+        _FLA = _import_fla()
+    return _FLA
+
+
+def _import_fla() -> tuple[SimpleNamespace | None, str | None]:
     try:
         from fla.ops.attn import parallel_attn
         from fla.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
@@ -103,15 +114,21 @@ def _load_fla() -> tuple[SimpleNamespace | None, str | None]:
     )}), None  # fmt: skip
 
 
+@torch.compiler.assume_constant_result  # the import runs on the host, also when a compiled call comes first
+def _fla_importable() -> bool:
+    return _load_fla()[0] is not None
+
+
 def fla_ops() -> SimpleNamespace | None:
     """fla's kernels (imported on first use), or None when fla cannot be imported."""
-    return _load_fla()[0]
+    return _load_fla()[0] if _fla_importable() else None
 
 
 def fla_available() -> bool:
     return fla_ops() is not None
 
 
+@torch.compiler.assume_constant_result  # host-side: torch.compile evaluates it once per trace
 def resolve_backend(backend: str, device: torch.device, not_applicable: str | None = None) -> str:
     """``"fla"`` or ``"torch"`` for this call.
 
@@ -172,6 +189,7 @@ def gated_backward_broken_for(capability: tuple[int, int], device_name: str, tri
     return hopper and (3, 4, 0) <= _version_tuple(triton_version) < (3, 7, 1)
 
 
+@torch.compiler.assume_constant_result
 def fla_gated_backward_is_broken(device: torch.device | str | int | None = None) -> bool:
     """True where fla's gated chunk backward (``chunk_gated_delta_rule``) refuses to run
     because it would compute wrong gradients (fla #640): Hopper GPUs with
