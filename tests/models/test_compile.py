@@ -31,11 +31,21 @@ def test_dense_models_trace_as_one_graph(check_compile, mixer, position):
 @pytest.mark.parametrize("mixer", ["attention", "forgetting_attn", "gla", "gated_deltanet"])
 def test_compiled_selective_rope_training_step_matches_eager(check_compile, mixer):
     """Dense and left-padded batches: one graph each (fullgraph=True), loss and all gradients
-    as eager's. A packed batch still breaks (its sizes come from cu_seqlens) and is not
-    checked here."""
+    as eager's (packed batches: below)."""
     record = check_compile["check"](mixer, "selective_rope", "cpu", "aot_eager", ("dense", "padded"))
     for layout in ("dense", "padded"):
         result = record[layout]
         assert result["breaks"] == 0 and result["fullgraph"], (layout, result)
         assert result["loss_error"] <= 1e-6 and result["grad_error"] <= 2e-5, (layout, result)
         assert result["worst_param_error"] <= 1e-4, (layout, result)  # no small parameter hidden by the embedding's
+
+
+@pytest.mark.parametrize("mixer", ["attention", "gla"])
+def test_packed_batches_break_only_at_the_rows_width(check_compile, mixer):
+    """A packed batch (cu_seqlens) breaks the graph only where the torch routes size their
+    per-document rows from cu_seqlens (ops/layout.py): the boundary check is asserted on
+    the device and the loss masks document starts without boolean indexing. The compiled
+    step equals eager."""
+    result = check_compile["check"](mixer, "selective_rope", "cpu", "aot_eager", ("packed",))["packed"]
+    assert result["reasons"] and all(str(r["where"]).startswith("srope/ops/layout.py") for r in result["reasons"]), result
+    assert result["loss_error"] <= 1e-6 and result["grad_error"] <= 2e-5 and result["worst_param_error"] <= 1e-4, result

@@ -231,3 +231,19 @@ def test_config_round_trips_through_json(tmp_path):
     loaded = AutoConfig.from_pretrained(tmp_path)
     strip = lambda d: {k: v for k, v in d.items() if k != "_name_or_path"}  # noqa: E731
     assert strip(loaded.to_dict()) == strip(config.to_dict())
+
+
+def test_packed_loss_ignores_every_document_start():
+    """causal_lm_loss with cu_seqlens (empty documents, a start at 0 and at T included) is
+    the mean over each document's own next-token targets."""
+    from srope.models.modeling import causal_lm_loss
+
+    bounds = [0, 0, 3, 3, 4, 9, 11, 11]
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(1, 11, 13, generator=gen)
+    labels = torch.randint(0, 13, (1, 11), generator=gen)
+    labels[0, 6] = -100  # still ignored
+    pairs = [(t, t + 1) for s, e in zip(bounds[:-1], bounds[1:]) for t in range(s, e - 1) if labels[0, t + 1] != -100]
+    expected = torch.stack([torch.nn.functional.cross_entropy(logits[0, t], labels[0, u]) for t, u in pairs]).mean()
+    got = causal_lm_loss(logits, labels, torch.tensor(bounds, dtype=torch.int32))
+    assert torch.allclose(got, expected, atol=1e-6), (got, expected)

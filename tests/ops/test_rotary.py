@@ -214,12 +214,32 @@ def test_bad_inputs_raise_clear_errors(name, overrides, error, match):
         selective_rope(**_bad(**overrides))
 
 
+def _one_row():
+    """_bad()'s valid inputs with batch size 1 (for cu_seqlens)."""
+    args = _bad()
+    return {name: value[:1] for name, value in args.items() if name != "temperature"} | {"temperature": args["temperature"]}
+
+
 @pytest.mark.parametrize("bounds,match", [([0, 3], "end at the sequence length 5"), ([0, 4, 2, 5], "non-decreasing"), ([1, 5], "start at 0")])
 def test_bad_cu_seqlens(bounds, match):
-    args = _bad()
-    args = {name: value[:1] for name, value in args.items() if name != "temperature"} | {"temperature": args["temperature"]}
+    args = _one_row()
     with pytest.raises(ValueError, match=match):
         selective_rope(**args, cu_seqlens=torch.tensor(bounds))
+
+
+@pytest.mark.parametrize("bounds", [[0, 3], [0, 4, 2, 5], [1, 5]])
+def test_bad_cu_seqlens_under_compile(bounds):
+    """Compiled, the boundaries are asserted on the device (no host sync, no graph break),
+    and bad ones still raise."""
+    args = _one_row()
+    step = lambda cu: selective_rope(**args, cu_seqlens=cu)[0]
+    torch._dynamo.reset()
+    good = torch.tensor([0, 2, 2, 5])
+    assert torch._dynamo.explain(step)(good).graph_break_count == 0
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(good), step(good))
+    with pytest.raises(RuntimeError, match="cu_seqlens must be non-decreasing, start at 0 and end at the sequence length 5"):
+        compiled(torch.tensor(bounds))
 
 
 def test_rope_bad_inputs():

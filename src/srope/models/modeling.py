@@ -281,8 +281,9 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch
     ``cu_seqlens`` the target at every document start is ignored too."""
     if labels.shape != logits.shape[:2]:
         raise ValueError(f"labels must be [B, T] = {tuple(logits.shape[:2])}, got {tuple(labels.shape)}")
-    targets = labels[:, 1:].clone()
-    if cu_seqlens is not None:
-        starts = cu_seqlens[1:-1].long()
-        targets[0, (starts - 1)[(starts > 0) & (starts < labels.shape[1])]] = -100
+    targets = labels[:, 1:]
+    if cu_seqlens is not None:  # target j is token j + 1: ignored where a document starts there
+        # (a fixed-shape mask rather than boolean indexing, which breaks a compiled graph)
+        positions = torch.arange(1, labels.shape[1], device=labels.device)
+        targets = targets.masked_fill(torch.isin(positions, cu_seqlens[1:-1].to(labels.device, torch.long)), -100)
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
