@@ -160,6 +160,7 @@ def main() -> int:
             tile = {name: constants.get(name) for name in ("R", "BT", "ST", "F64", "CAST", "HOST_GRAD", "WEIGHT_GRAD")
                     if name in constants}
             print(json.dumps({"kernel": recorder.name, "warps": warps, **tile, **ptxas_report(ptx),
+                              "shared_bytes": compiled.metadata.shared,
                               "layout_conversions": compiled.asm["ttgir"].count("ttg.convert_layout"),
                               "approx": sorted(set(APPROX.findall(ptx)))}), flush=True)
     return 0

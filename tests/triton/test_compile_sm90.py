@@ -38,4 +38,7 @@ def test_every_kernel_compiles_for_sm90_without_spills_or_approximate_sincos():
         if report["kernel"] == "backward_kernel" and report["WEIGHT_GRAD"]:
             allowed = 156
         assert report["spill_bytes"] <= allowed, report
+        # within the 99 KiB of shared memory per block of sm_86/sm_89 GPUs (measured here for
+        # sm_90; the projection's backward takes the most, 62 KiB with three stages)
+        assert report["shared_bytes"] <= 101376, report
         assert not any(op.startswith(FORBIDDEN) for op in report["approx"]), report
