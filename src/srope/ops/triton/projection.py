@@ -40,8 +40,8 @@ is written. With ``host_grad`` (the gradient the host's maps send back to that c
 dx also gets it added: x then gets one gradient instead of two that autograd adds. At
 8 × 4096 tokens × 1024 with host_grad on the H200: 0.196 ms alone (the HBM floor of its
 340 MB is 0.07 ms at 4.8 TB/s; a torch ``x + host_grad`` over nearly the same bytes takes
-0.125), 0.196 in the layer, against 0.54 for the torch route (casts, cuBLAS bf16 products that return
-bf16, a mixed-dtype add), 0.18 + 0.09 ms for an input-gradient kernel and cuBLAS
+0.125; 0.196 in the layer's profile with two stages), against 0.54 for the torch route
+(casts, cuBLAS bf16 products that return bf16, a mixed-dtype add), 0.18 + 0.09 ms for an input-gradient kernel and cuBLAS
 weight-gradient products (benchmarks/tune_projection_grad.py), and 0.216-0.249 for this
 kernel on [tokens, inputs] tiles (benchmarks/projection_variants.py).
 """
