@@ -351,6 +351,17 @@ stage_stop23c() {  # the three-stage backward tile: projection tests, tiles besi
   run ${COMPILE_LIMIT:-250} python benchmarks/check_compile.py --out $R/compile_cuda_h200.json --positions selective_rope --mixers gla,gated_deltanet
 }
 
+stage_stop24() {  # the projection writing the gate's shares apart, the gate's one kernel each way: their tests,
+  # the kernels alone, the GLA layer, gla-370m training and decoding, the layer's profile
+  run 200 python -m pytest tests/triton/test_projection_kernels.py tests/triton/test_head_gate.py -q -p no:cacheprovider -rA \
+    --junitxml=$R/pytest_gpu_projection.xml
+  run 150 python benchmarks/projection_variants.py --only "shipped,parts,bandwidth,forward shipped,forward split" \
+    --out $R/projection_split_h200.json
+  stage_gatelayer
+  stage_gatemodel
+  stage_profile
+}
+
 pack() {  # after every stage, so that a call cut short still returns what finished
   find $R \( -name '*.xml' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' -not -path '*/model/*' \
     | tar czf "$OUT/results.tgz" -T -

@@ -23,7 +23,7 @@ from srope.ops.conv import short_conv
 from srope.ops.layout import RowLayout
 
 
-def profile(fn, repeats: int = 5, top: int = 25) -> dict:
+def profile(fn, repeats: int = 5, top: int = 60) -> dict:
     """Median eager ms (do_bench), GPU kernel ms per call, and the ``top`` kernels."""
     fn()
     fn()

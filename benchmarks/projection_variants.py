@@ -14,6 +14,10 @@ against 0.249 for the kernel on [tokens, inputs] tiles, and the split 0.208.
 **Forward.** The norm's pass over x in wider, software-pipelined steps (``NORM_PASS``),
 with other product tiles beside.
 
+``parts`` / ``forward split``: the shipped kernels on the generator's two output tensors
+(the ω map's columns, then the gate's shares, whose gradient is one per token broadcast over
+heads; the inputs' gate columns of dy are made equal across heads for it).
+
 At 32768 tokens x 4 heads x 256 inputs -> 68 (the GLA-370M layer; ``--small``: a small
 shape under ``TRITON_INTERPRET=1`` with exact 16-bit inputs, where every variant must match
 float64 to 1e-6). ``triton.testing.do_bench`` medians (L2 flushed), with a torch
@@ -38,6 +42,7 @@ from srope.ops.triton import projection as shipped
 from srope.ops.triton.ops import interpreting
 
 TOLERANCE = 1e-6  # the backward's, relative to float64, exact 16-bit inputs (--small)
+SPLIT = {False: 64, True: 32}  # where the generator splits the outputs (ω map | gate), by --small
 LAUNCHED = {}  # kernel name -> the compiled kernel of its last launch (registers and spills on the GPU)
 
 
@@ -71,9 +76,9 @@ def weight_grad_kernel(
         if TWO:
             z2 = tl.load(z + offsets_n[:, None] + m2[None, :], mask=mn[:, None] & (m2 < M)[None, :], other=0.0)
             grad2 = tl.dot(xt, z2.to(tl.float32) if UPCAST else z2, grad2)
-    shipped._store_weight_grad(dw, grad1, ps, h, ii, mi, 0, H, I, M, BM1)
+    shipped._store_weight_grad(dw, grad1, ps, h, ii, mi, 0, BM1, H, I, M, BM1)
     if TWO:
-        shipped._store_weight_grad(dw, grad2, ps, h, ii, mi, BM1, H, I, M, BM2)
+        shipped._store_weight_grad(dw, grad2, ps, h, ii, mi, BM1, M, H, I, M, BM2)
 
 
 def _launch(tile, count, heads, chunk, slab):
@@ -85,8 +90,8 @@ def _launch(tile, count, heads, chunk, slab):
 
 
 def _blocks(width):
-    first, rest = shipped.column_blocks(width)
-    return dict(BM1=first, BM2=max(rest, 16), TWO=rest > 0)
+    columns = shipped._columns(width, None)
+    return dict(BM1=columns["BM1"], BM2=columns["BM2"], TWO=columns["TWO"])
 
 
 def run_split(dy, y, r, w, x, hg, x_low, dx_tile, dx_slab, dw_tile=None, dw_slab=None):
@@ -95,9 +100,11 @@ def run_split(dy, y, r, w, x, hg, x_low, dx_tile, dx_slab, dw_tile=None, dw_slab
     options, tokens, grid = _launch(dx_tile, count, heads, chunk, dx_slab)
     dx = torch.empty_like(x)
     z = torch.empty(count, heads, width, dtype=w.dtype, device=x.device)
+    columns = shipped._columns(width, None)
     LAUNCHED["input_grad"] = shipped.backward_kernel[grid](
-        dy, y, r, w, x, dx if hg is None else hg, dx, dx, z, count, x.stride(0), tokens, H=heads, I=chunk, M=width, BN=dx_tile[0],
-        BI=dx_tile[1], **_blocks(width), HOST_GRAD=hg is not None, WEIGHT_GRAD=False, STORE_Z=True, UPCAST=interpreting(), **options)
+        dy, dy, y, y, r, w, x, dx if hg is None else hg, dx, dx, z, count, x.stride(0), tokens,
+        STRIDES=shipped.part_strides(dy, dy, y, y), H=heads, I=chunk, C2=columns["W1"], BN=dx_tile[0], BI=dx_tile[1], **columns,
+        HOST_GRAD=hg is not None, WEIGHT_GRAD=False, STORE_Z=True, UPCAST=interpreting(), **options)
     if dw_tile is None:
         return dx, None
     options, tokens, grid = _launch(dw_tile, count, heads, chunk, dw_slab)
@@ -122,6 +129,7 @@ def inputs(small: bool, device: str):
     x = torch.randn(count, heads, chunk, device=device).bfloat16().float()
     w = (torch.randn(heads, chunk, width, device=device) / 16).bfloat16()
     dy = torch.randn(count, heads, width, device=device).bfloat16().float()
+    dy[:, :, SPLIT[small]:] = dy[:, :1, SPLIT[small]:]  # the gate's columns: one gradient for every head's share
     y = torch.randn(count, heads, width, device=device)
     r = 2.0 ** -torch.randint(3, 6, (count, heads), device=device).float()
     hg = torch.randn(count, heads, chunk, device=device).bfloat16()
@@ -131,11 +139,16 @@ def inputs(small: bool, device: str):
 def backward_cases(data, small: bool):
     """(name, function returning (dx, dw or None)) for every backward variant; one tile each under --small."""
     dy, y, r, w, x, hg = data
+    split = SPLIT[small]
+    dy_parts = (dy[..., :split].contiguous(), dy[:, :1, split:].expand(-1, dy.shape[1], -1))
+    y_parts = (y[..., :split].contiguous(), y[..., split:].contiguous())
     x_low = x.bfloat16()
     tiny = (16, 16, 4, 1)
     pick = (lambda tile: tiny) if small else (lambda tile: tile)
     slab = (lambda tokens: 64) if small else (lambda tokens: tokens)
-    out = [("shipped", lambda: shipped._backward_op(dy, y, r, w, x, hg, True))]
+    out = [("shipped", lambda: shipped._backward_op(dy, None, y, None, r, w, x, hg, True)),
+           ("parts: the shipped kernel on the generator's split (the ω map's columns, then the gate's, its gradient a broadcast)",
+            lambda: shipped._backward_op(dy_parts[0], dy_parts[1], y_parts[0], y_parts[1], r, w, x, hg, True))]
     if not small:
         sum_out = torch.empty_like(x)
         out.append(("bandwidth reference: torch x + host_grad", lambda: (torch.add(x, hg, out=sum_out), None)))
@@ -144,7 +157,7 @@ def backward_cases(data, small: bool):
              ((64, 128, 8, 2, 128), 1024), ((64, 64, 8, 2, 128), 1024))
     for tile, tokens in () if small else tiles:  # (the interpreter runs the op's own tile: these would repeat "shipped")
         settings = {"BACKWARD_TILE": tile, "SLAB": tokens}
-        out.append((f"tile {tile} slab {tokens}", with_settings(shipped, settings, lambda: shipped._backward_op(dy, y, r, w, x, hg, True))))
+        out.append((f"tile {tile} slab {tokens}", with_settings(shipped, settings, lambda: shipped._backward_op(dy, None, y, None, r, w, x, hg, True))))
     for tile in ((64, 128, 8, 1), (64, 128, 8, 2, 128), (64, 128, 8, 1, 128), (32, 128, 4, 1), (32, 128, 8, 2), (32, 128, 8, 2, 128)):
         for tokens in (512, 256):
             out.append((f"dx alone {tile} slab {tokens}", lambda t=tile, s=tokens: run_split(dy, y, r, w, x, hg, x_low, pick(t), slab(s))))
@@ -189,11 +202,12 @@ def forward_cases(data, small: bool):
     """(name, function returning (y, inv_norm)) for the shipped forward with the cast, and
     its norm pass and product tiles varied; under --small one wider norm pass."""
     x, weight = data
-    forward = lambda: shipped._forward_op(x, weight, 1e-6, torch.bfloat16)[:2]
+    forward = lambda: shipped._forward_op(x, weight, 1e-6, torch.bfloat16, None)[::2]  # (y, inv_norm)
+    split = lambda: (lambda out: (torch.cat(out[:2], -1), out[2]))(shipped._forward_op(x, weight, 1e-6, torch.bfloat16, SPLIT[small]))
     if small:
-        return [("forward shipped", forward),
+        return [("forward shipped", forward), ("forward split", split),
                 ("forward norm pass (32, 1)", with_settings(shipped, {"INTERPRETED_FORWARD": ((16, 16, 4, 1), (32, 1))}, forward))]
-    out = [("forward shipped", forward)]
+    out = [("forward shipped", forward), ("forward split (the generator's; the timing includes a cat)", split)]
     # (no 64-input tiles: one faults on the H200 with a 40-input head chunk, and a fault would
     # end every case after it; results/projection_forward_tiles_fault_h200.json)
     for tile in ((64, 32, 4, 3), (128, 32, 8, 3), (64, 32, 8, 3)):

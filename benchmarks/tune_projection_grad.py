@@ -82,7 +82,7 @@ def main() -> None:
     exact = (torch.einsum("nhi,him->nhm", x.double() * r64[..., None], weight.double()), r64)
     measure("forward torch", torch_forward, exact, forward_bytes, report, args.out, "float64")
     for tile in () if args.backward_only else FORWARD_TILES:
-        measure(f"forward fused {tile}", with_settings(fused, {"FORWARD_TILE": tile}, lambda: fused._forward_op(x, weight, eps, None)),
+        measure(f"forward fused {tile}", with_settings(fused, {"FORWARD_TILE": tile}, lambda: fused._forward_op(x, weight, eps, None, None)),
                 exact, forward_bytes, report, args.out, "float64")
     del exact, r64
 
@@ -102,7 +102,7 @@ def main() -> None:
     measure("backward torch", torch_grad, reference, grad_bytes, report, args.out)
     for tile in BACKWARD_TILES:
         for slab in SLABS:
-            run = with_settings(fused, {"BACKWARD_TILE": tile}, lambda: fused._backward_op(dy, y, inv_norm, weight_low, x, None, True))
+            run = with_settings(fused, {"BACKWARD_TILE": tile}, lambda: fused._backward_op(dy, None, y, None, inv_norm, weight_low, x, None, True))
             measure(f"backward fused {tile} slab {slab}", with_settings(fused, {"SLAB": slab}, run), reference, grad_bytes, report, args.out)
 
 

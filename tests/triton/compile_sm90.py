@@ -85,13 +85,18 @@ def record_launches() -> list:
     projection_grad.backward_kernel = Recorder(projection_grad.backward_kernel, "backward_kernel", calls)
     # (and with the host's gradient of the forward's cast added in)
     for host_grad, weight_grad in ((None, True), (None, False), (torch.zeros(64, 4, 256, **bf16), True)):
-        projection_grad._backward_op(torch.zeros(64, 4, 68), torch.zeros(64, 4, 68), torch.zeros(64, 4), torch.zeros(4, 256, 68, **bf16),
-                                     torch.zeros(64, 4, 256), host_grad, weight_grad)
+        projection_grad._backward_op(torch.zeros(64, 4, 68), None, torch.zeros(64, 4, 68), None, torch.zeros(64, 4),
+                                     torch.zeros(4, 256, 68, **bf16), torch.zeros(64, 4, 256), host_grad, weight_grad)
+    # split as the generator runs it with the standard gate: the ω map's 64 columns, then the
+    # gate's 4 shares, whose gradient is a broadcast over heads
+    projection_grad._backward_op(torch.zeros(64, 4, 64), torch.zeros(64, 1, 4).expand(64, 4, 4), torch.zeros(64, 4, 64),
+                                 torch.zeros(64, 4, 4), torch.zeros(64, 4), torch.zeros(4, 256, 68, **bf16),
+                                 torch.zeros(64, 4, 256), torch.zeros(64, 4, 256, **bf16), True)
     # and its float32 forward (with the weight's split)
     for name in ("split_weight_kernel", "forward_kernel"):
         setattr(projection_grad, name, Recorder(getattr(projection_grad, name), name, calls))
-    for cast in (None, torch.bfloat16):
-        projection_grad._forward_op(torch.zeros(64, 4, 256), torch.zeros(4, 256, 68), 1e-6, cast)
+    for cast, split in ((None, None), (torch.bfloat16, None), (torch.bfloat16, 64)):
+        projection_grad._forward_op(torch.zeros(64, 4, 256), torch.zeros(4, 256, 68), 1e-6, cast, split)
     return calls
 
 

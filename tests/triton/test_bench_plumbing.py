@@ -48,7 +48,7 @@ def _variants(tmp_path, monkeypatch, *options):
 def test_projection_variants_match_float64(tmp_path, monkeypatch):
     """The projection variants measured on the GPU compute the shipped projection (one tile each)."""
     results = _variants(tmp_path, monkeypatch)
-    assert [r["name"].split(" ")[0] for r in results] == ["shipped", "dx", "split:", "split,", "forward", "forward"]
+    assert [r["name"].split(" ")[0] for r in results] == ["shipped", "parts:", "dx", "split:", "split,", "forward", "forward", "forward"]
     assert [r["name"] for r in _variants(tmp_path, monkeypatch, "--only", "forward shipped")] == ["forward shipped"]
     for record in results:
         assert "error" not in record and not record.get("wrong"), record

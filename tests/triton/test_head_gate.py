@@ -1,4 +1,4 @@
-"""The fused per-head phase gate around the generator's conv (srope.ops.triton.head_gate)
+"""The fused per-head phase gate after the generator's conv (srope.ops.triton.head_gate)
 against float64 torch, forward and backward, interpreted on the CPU or compiled on CUDA."""
 
 from __future__ import annotations
@@ -6,21 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srope.ops.triton.head_gate import apply_head_gate, split_head_gate
+from srope.ops.triton.head_gate import apply_head_gate
 from tests.helpers import generator, randn, rel_err
 
 # (tokens, heads, pairs): one block and a partial one, odd sizes, the benchmark's head shape.
 SHAPES = [(1, 1, 1), (37, 3, 5), (70, 4, 64), (16, 2, 16)]
 
 
-def reference_split(y, gate_bias, pairs):
-    return y[..., :pairs].flatten(1), torch.sigmoid(y[..., pairs:].sum(1) + gate_bias)
-
-
-def reference_apply(c, s, e):
-    heads = s.shape[1]
+def reference_apply(c, y, gate_bias, e):
+    heads = y.shape[1]
     value = c.unflatten(1, (heads, -1))
-    return (value if e is None else value + e) * s[..., None]
+    gate = torch.sigmoid(y.sum(1) + gate_bias)
+    return (value if e is None else value + e) * gate[..., None]
 
 
 def leaves(*tensors):
@@ -29,7 +26,8 @@ def leaves(*tensors):
 
 def check_against_float64(fused, reference, inputs, seed):
     """Outputs and every input's gradient (for fresh random output gradients) of the
-    float32 kernels within float32 rounding of float64 torch."""
+    float32 kernels within float32 rounding of float64 torch; outputs poisoned beforehand
+    cannot pass (every output element is written)."""
     ours, exact = leaves(*inputs), leaves(*(t.double() for t in inputs))
     out, out64 = fused(*ours), reference(*exact)
     out, out64 = (out, out64) if isinstance(out, tuple) else ((out,), (out64,))
@@ -43,59 +41,73 @@ def check_against_float64(fused, reference, inputs, seed):
         assert t.grad is not None and t.grad.shape == t64.shape and rel_err(t.grad, t64.grad) < 1e-6
 
 
-@pytest.mark.parametrize("tokens,heads,pairs", SHAPES)
-def test_split_matches_float64(tokens, heads, pairs, device):
-    gen = generator(tokens + heads)
-    y = randn(tokens, heads, pairs + heads, seed_gen=gen, scale=2.0, dtype=torch.float32).to(device)
+def gate_inputs(tokens, heads, pairs, bias, seed, device):
+    gen = generator(seed)
+    c = randn(tokens, heads * pairs, seed_gen=gen, scale=2.0, dtype=torch.float32).to(device)
+    y = randn(tokens, heads, heads, seed_gen=gen, scale=2.0, dtype=torch.float32).to(device)
     gate_bias = randn(heads, seed_gen=gen, dtype=torch.float32).to(device)
-    check_against_float64(lambda a, b: split_head_gate(a, b, pairs), lambda a, b: reference_split(a, b, pairs), (y, gate_bias), seed=1)
+    e = randn(heads, pairs, seed_gen=gen, dtype=torch.float32).exp().to(device) if bias else None
+    return c, y, gate_bias, e
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("tokens,heads,pairs", SHAPES)
 def test_apply_matches_float64(tokens, heads, pairs, bias, device):
-    gen = generator(tokens * heads)
-    c = randn(tokens, heads * pairs, seed_gen=gen, scale=2.0, dtype=torch.float32).to(device)
-    s = torch.rand(tokens, heads, generator=gen).to(device)
-    e = randn(heads, pairs, seed_gen=gen, dtype=torch.float32).exp().to(device) if bias else None
+    c, y, gate_bias, e = gate_inputs(tokens, heads, pairs, bias, tokens * heads, device)
     if bias:
-        check_against_float64(apply_head_gate, reference_apply, (c, s, e), seed=2)
+        check_against_float64(apply_head_gate, reference_apply, (c, y, gate_bias, e), seed=2)
     else:
-        check_against_float64(lambda a, b: apply_head_gate(a, b), lambda a, b: reference_apply(a, b, None), (c, s), seed=2)
+        check_against_float64(lambda *a: apply_head_gate(*a), lambda *a: reference_apply(*a, None), (c, y, gate_bias), seed=2)
+
+
+def test_logit_gradient_is_a_broadcast(device):
+    """y's gradient is one [N, H] tensor seen through a stride-0 view over the shares."""
+    c, y, gate_bias, e = gate_inputs(37, 3, 5, True, 3, device)
+    y = y.requires_grad_()
+    captured = {}
+    y.register_hook(lambda grad: captured.setdefault("grad", grad))
+    apply_head_gate(c, y, gate_bias, e).square().sum().backward()
+    grad = captured["grad"]
+    assert grad.stride(1) == 0 and torch.equal(grad, grad[:, :1].expand_as(grad))
 
 
 def test_strided_inputs_and_empty(device):
     """Non-contiguous inputs give the contiguous inputs' results; zero tokens give empty outputs."""
-    gen = generator(5)
-    y = randn(9, 2, 7, seed_gen=gen, dtype=torch.float32).to(device)
-    wide = torch.zeros(9, 2, 14, device=device)
+    c, y, gate_bias, e = gate_inputs(9, 2, 5, True, 5, device)
+    wide = torch.zeros(9, 2, 4, device=device)
     wide[..., ::2] = y
-    gate_bias = torch.zeros(2, device=device)
-    assert all(torch.equal(a, b) for a, b in zip(split_head_gate(wide[..., ::2], gate_bias, 5), split_head_gate(y, gate_bias, 5)))
-    u, s = split_head_gate(y[:0], gate_bias, 5)
-    assert u.shape == (0, 10) and s.shape == (0, 2)
-    assert apply_head_gate(u, s).shape == (0, 2, 5)
+    assert torch.equal(apply_head_gate(c, wide[..., ::2], gate_bias, e), apply_head_gate(c, y, gate_bias, e))
+    assert apply_head_gate(c[:0], y[:0], gate_bias, e).shape == (0, 2, 5)
+    inputs = leaves(c[:0], y[:0], gate_bias, e)
+    apply_head_gate(*inputs).sum().backward()
+    assert all(t.grad is not None and not t.grad.any() for t in inputs)
 
 
 def test_gradients_deterministic(device):
     """Token reductions (gate bias, e) are per-block partial sums in a fixed order: two
     backward passes give bit-equal gradients."""
-    gen = generator(6)
-    c, s, e = randn(300, 8, seed_gen=gen, dtype=torch.float32).to(device), torch.rand(300, 2, generator=gen).to(device), randn(2, 4, seed_gen=gen, dtype=torch.float32).to(device)
+    c, y, gate_bias, e = gate_inputs(300, 2, 4, True, 6, device)
     grads = []
     for _ in range(2):
-        inputs = leaves(c, s, e)
+        inputs = leaves(c, y, gate_bias, e)
         apply_head_gate(*inputs).square().sum().backward()
         grads.append([t.grad for t in inputs])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
+def _zeros(*shape, device, dtype=torch.float32):
+    return torch.zeros(*shape, dtype=dtype, device=device)
+
+
 BAD = [
-    ("split dtype", lambda d: split_head_gate(torch.zeros(3, 2, 6, dtype=torch.float64, device=d), torch.zeros(2, dtype=torch.float64, device=d), 4), TypeError, "float32"),
-    ("split width", lambda d: split_head_gate(torch.zeros(3, 2, 5, device=d), torch.zeros(2, device=d), 4), ValueError, r"pairs \+ H"),
-    ("split gate bias", lambda d: split_head_gate(torch.zeros(3, 2, 6, device=d), torch.zeros(3, device=d), 4), ValueError, "gate_bias"),
-    ("apply heads", lambda d: apply_head_gate(torch.zeros(3, 7, device=d), torch.zeros(3, 2, device=d)), ValueError, r"H·R"),
-    ("apply e", lambda d: apply_head_gate(torch.zeros(3, 8, device=d), torch.zeros(3, 2, device=d), torch.zeros(4, 2, device=d)), ValueError, "e must have shape"),
+    ("dtype", lambda d: apply_head_gate(_zeros(3, 4, device=d, dtype=torch.float64), _zeros(3, 2, 2, device=d), _zeros(2, device=d)),
+     TypeError, "float32"),
+    ("y square", lambda d: apply_head_gate(_zeros(3, 4, device=d), _zeros(3, 2, 3, device=d), _zeros(2, device=d)), ValueError, r"\[N, H, H\]"),
+    ("heads", lambda d: apply_head_gate(_zeros(3, 7, device=d), _zeros(3, 2, 2, device=d), _zeros(2, device=d)), ValueError, r"H·R"),
+    ("tokens", lambda d: apply_head_gate(_zeros(4, 8, device=d), _zeros(3, 2, 2, device=d), _zeros(2, device=d)), ValueError, r"H·R"),
+    ("gate bias", lambda d: apply_head_gate(_zeros(3, 8, device=d), _zeros(3, 2, 2, device=d), _zeros(3, device=d)), ValueError, "gate_bias"),
+    ("e", lambda d: apply_head_gate(_zeros(3, 8, device=d), _zeros(3, 2, 2, device=d), _zeros(2, device=d), _zeros(4, 2, device=d)),
+     ValueError, "e must have shape"),
 ]
 
 
@@ -108,18 +120,16 @@ def test_bad_inputs(name, call, error, match, device):
 def test_opcheck(device):
     from srope.ops.triton import head_gate
 
-    gen = generator(7)
-    y, gate_bias = randn(5, 2, 5, seed_gen=gen, dtype=torch.float32).to(device), randn(2, seed_gen=gen, dtype=torch.float32).to(device)
-    torch.library.opcheck(head_gate._split_op, (y, gate_bias, 3))
-    c, s, e = randn(5, 6, seed_gen=gen, dtype=torch.float32).to(device), torch.rand(5, 2, generator=gen).to(device), randn(2, 3, seed_gen=gen, dtype=torch.float32).to(device)
+    c, y, gate_bias, e = gate_inputs(5, 2, 3, True, 7, device)
     for bias in (e, None):
-        torch.library.opcheck(head_gate._apply_op, (c, s, bias))
+        torch.library.opcheck(head_gate._apply_op, (c, y, gate_bias, bias))
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("packing", ["dense", "padded", "packed"])
 def test_module_fused_gate_matches_float64(monkeypatch, bias, packing, device):
-    """SelectiveRoPE with the standard gate through the fused kernels (FUSED_GATE "always")
+    """SelectiveRoPE with the standard gate through the fused kernel and the split
+    projection (FUSED_GATE "always")
     against the same module in float64 through torch: rotated q/k and every gradient
     (parameters, q, k, x), with padding or packed sequences; the torch route in float32
     agrees as well."""

@@ -26,7 +26,7 @@ from srope.ops.rotary import selective_rope
 
 PROJECTIONS = ("full-rank", "low-rank")
 GATES = (None, "standard", "low-rank", "per-channel")
-# Where the standard gate around the generator's conv runs as fused Triton kernels
+# Where the standard gate after the generator's conv runs as a fused Triton kernel
 # (srope.ops.triton.head_gate) instead of torch's elementwise ops: "cuda" (float32 CUDA
 # tensors), "always" (also on the CPU under TRITON_INTERPRET=1; tests) or "never".
 FUSED_GATE = "cuda"
@@ -237,22 +237,28 @@ class SelectiveRoPE(PositionEncoding):
         return sizes + ([self._gate_first_layer().out_features] if self.gate is not None else [])
 
     def _fuses_gate(self, t: torch.Tensor) -> bool:
-        """Whether the standard gate around the conv takes the fused Triton kernels
-        (:mod:`srope.ops.triton.head_gate`) for this float32 tensor (see :data:`FUSED_GATE`)."""
+        """Whether the standard gate after the conv takes the fused Triton kernel
+        (:mod:`srope.ops.triton.head_gate`) for this float32 tensor (see :data:`FUSED_GATE`);
+        the projection then writes the conv's input and the gate's shares as two tensors."""
         return (self.projection == "full-rank" and self.gate_type == "standard" and t.dtype == torch.float32
                 and (FUSED_GATE == "always" or FUSED_GATE == "cuda" and t.is_cuda))
 
     def project(self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, cast: torch.dtype | None = None):
         """Every first layer acting on x̂ (x ℓ2-normalised per head chunk), in one
-        :func:`normalized_head_projection` (x̂ is never built): ``[B, T, Hk, M]`` in
-        max(float32, x.dtype); ``grad_dtype`` is the dtype of its backward products
-        (float32 inputs only). With ``cast``, also x cast to that dtype, whose gradient
-        comes back through the projection (:meth:`prepare`)."""
+        :func:`normalized_head_projection` (x̂ is never built), as per-head parts
+        ``[B, T, Hk, ·]`` in max(float32, x.dtype): the ω map's, then (with a gate) the gate's
+        first layer's (:meth:`_first_layer_sizes`). ``grad_dtype`` is the dtype of its backward
+        products (float32 inputs only). With ``cast``, also x cast to that dtype, whose
+        gradient comes back through the projection (:meth:`prepare`): ``(parts, x_cast)``."""
         dtype = compute_dtype(x.dtype)
-        weight, _ = self._first_layers(dtype)
+        weight, sizes = self._first_layers(dtype)
         chunks = x.unflatten(-1, (self.num_heads, -1)).to(dtype)
         grad_dtype = grad_dtype if dtype == torch.float32 else None
-        return normalized_head_projection(chunks, weight, self.norm_eps, grad_dtype, cast)
+        fused = self._fuses_gate(chunks)
+        out = normalized_head_projection(chunks, weight, self.norm_eps, grad_dtype, cast, sizes[0] if fused else None)
+        y, x_cast = out if cast is not None else (out, None)
+        parts = tuple(y) if fused else y.split(sizes, dim=-1)
+        return parts if cast is None else (parts, x_cast)
 
     def prepare(self, x: torch.Tensor) -> HostInput:
         """Under autocast with gradients, the generator's projection runs here and also
@@ -264,26 +270,18 @@ class SelectiveRoPE(PositionEncoding):
             return super().prepare(x)
         grad_dtype = torch.get_autocast_dtype(device)
         with torch.autocast(device, enabled=False):
-            projected, linear = self.project(x, grad_dtype, cast=grad_dtype)
-        return HostInput(linear.view(x.shape), x, projected)
+            parts, linear = self.project(x, grad_dtype, cast=grad_dtype)
+        return HostInput(linear.view(x.shape), x, parts)
 
     def generator_inputs(
-        self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, projected: torch.Tensor | None = None
+        self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, projected: tuple[torch.Tensor, ...] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """From the block input ``x [B, T, hidden]``: the projected increments before the
         conv, ``u = W_ω x̂`` ``[B, T, Hk·R]``, and the phase gate ``sigmoid(...)`` of x̂
         (``[B, T, Hk]``, per-channel ``[B, T, Hk·R]``; None without a gate), in
-        max(float32, x.dtype), from :meth:`project` (or its output ``projected``)."""
+        max(float32, x.dtype), from :meth:`project` (or its parts ``projected``)."""
         dtype = compute_dtype(x.dtype)
-        sizes = self._first_layer_sizes()
-        if projected is None:
-            projected = self.project(x, grad_dtype)
-        if self._fuses_gate(projected):
-            from srope.ops.triton.head_gate import split_head_gate
-
-            u, gate = split_head_gate(projected.flatten(0, -3), self.gate.bias.to(dtype), self.pairs)
-            return u.view(*projected.shape[:-2], -1), gate.view(*projected.shape[:-2], -1)
-        parts = projected.split(sizes, dim=-1)
+        parts = self.project(x, grad_dtype) if projected is None else projected
         # Maps of the whole (flattened) x̂ are the sums of their per-head shares.
         u = parts[0].flatten(-2) if self.projection == "full-rank" else _linear(self.proj[1], parts[0].sum(-2))
         if self.gate is None:
@@ -293,7 +291,8 @@ class SelectiveRoPE(PositionEncoding):
         return u, torch.sigmoid(gate)
 
     def phase_increments(
-        self, x: torch.Tensor, layout: RowLayout, conv_state: torch.Tensor | None = None, projected: torch.Tensor | None = None
+        self, x: torch.Tensor, layout: RowLayout, conv_state: torch.Tensor | None = None,
+        projected: tuple[torch.Tensor, ...] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """φ ``[B, T, Hk, R]`` from the block input, and the conv's final state.
 
@@ -301,18 +300,21 @@ class SelectiveRoPE(PositionEncoding):
         the whole sequence, so bf16 rounding of each would accumulate into the angles. Under
         autocast the backward's two large products (the ω map's input and weight gradients)
         run in autocast's dtype, as autocast runs the rest of the backward. ``projected``:
-        :meth:`project`'s output for x, when :meth:`prepare` ran it."""
+        :meth:`project`'s parts for x, when :meth:`prepare` ran it."""
         device = x.device.type
         grad_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         with torch.autocast(device, enabled=False):
-            u, gate = self.generator_inputs(x, grad_dtype, projected)
-            phi, conv_state = self.conv(u, layout, conv_state)
-            if gate is not None and self._fuses_gate(phi):
+            parts = self.project(x, grad_dtype) if projected is None else projected
+            if self._fuses_gate(parts[0]):
                 from srope.ops.triton.head_gate import apply_head_gate
 
-                e = None if self.bias is None else torch.exp(self.bias.to(phi.dtype))
-                phi = apply_head_gate(phi.flatten(0, -2), gate.flatten(0, -2), e).view(*phi.shape[:-1], self.num_heads, self.pairs)
+                c, conv_state = self.conv(parts[0].flatten(-2), layout, conv_state)
+                e = None if self.bias is None else torch.exp(self.bias.to(c.dtype))
+                phi = apply_head_gate(c.flatten(0, -2), parts[1].flatten(0, -3), self.gate.bias.to(c.dtype), e)
+                phi = phi.view(*c.shape[:-1], self.num_heads, self.pairs)
             else:
+                u, gate = self.generator_inputs(x, grad_dtype, parts)
+                phi, conv_state = self.conv(u, layout, conv_state)
                 phi = phi.unflatten(-1, (self.num_heads, self.pairs))
                 if self.bias is not None:
                     phi = phi + torch.exp(self.bias.to(phi.dtype))

@@ -62,33 +62,38 @@ def _head_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 class _NormalizedHeadProjection(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype, cast: torch.dtype | None):
-        ctx.set_materialize_grads(False)  # an unused cast's gradient stays None
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype, cast: torch.dtype | None,
+                split: int | None):
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None
         if FUSED and x.is_cuda and x.dtype == torch.float32:
             from srope.ops.triton.projection import projection_forward
 
-            y, inv_norm, x_cast = projection_forward(x, weight, eps, cast)
+            y, inv_norm, x_cast = projection_forward(x, weight, eps, cast, split)
+            parts = (y,) if split is None else y
         else:
             x_cast = None if cast is None else x.to(cast)
             inv_norm = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() + eps)  # [N, H]
             y = _head_products(x, weight).mul_(inv_norm[..., None])
-        ctx.save_for_backward(x, weight, inv_norm, y)
-        ctx.grad_dtype = grad_dtype
-        return y if cast is None else (y, x_cast)
+            parts = (y,) if split is None else (y[..., :split].contiguous(), y[..., split:].contiguous())
+        ctx.save_for_backward(x, weight, inv_norm, *parts)
+        ctx.grad_dtype, ctx.parts = grad_dtype, len(parts)
+        return (*parts, *(() if cast is None else (x_cast,)))
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the backward writes into views (bmm out=)
-    def backward(ctx, dy: torch.Tensor | None, d_cast: torch.Tensor | None = None):
-        x, weight, inv_norm, y = ctx.saved_tensors
-        if dy is None:
-            dy = torch.zeros_like(y)
+    def backward(ctx, *grads: torch.Tensor | None):
+        x, weight, inv_norm, *parts = ctx.saved_tensors
+        dys = [torch.zeros_like(p) if g is None else g for p, g in zip(parts, grads)]
+        d_cast = grads[ctx.parts] if len(grads) > ctx.parts else None
         low = ctx.grad_dtype != x.dtype
         dx = dw = None
         if ctx.needs_input_grad[0] and low and FUSED and x.is_cuda and x.dtype == torch.float32:
             from srope.ops.triton.projection import projection_backward
 
+            dy, y = (dys[0], parts[0]) if ctx.parts == 1 else (tuple(dys), tuple(parts))
             dx, dw = projection_backward(dy, y, inv_norm, weight.to(ctx.grad_dtype), x, ctx.needs_input_grad[1], d_cast)
-            return dx, dw, None, None, None
+            return dx, dw, None, None, None, None
+        dy, y = (dys[0], parts[0]) if ctx.parts == 1 else (torch.cat(dys, -1), torch.cat(parts, -1))
         dz_low = (dy * inv_norm[..., None]).to(ctx.grad_dtype)  # products in grad_dtype, the rest in x's
         if ctx.needs_input_grad[0]:
             # d/dx of r(x)·z(x), r = (|x|² + ε)^(-1/2), z = x @ W: the map's gradient scaled
@@ -100,12 +105,13 @@ class _NormalizedHeadProjection(torch.autograd.Function):
                 dx += d_cast
         if ctx.needs_input_grad[1]:
             dw = _weight_grad(x.to(ctx.grad_dtype), dz_low).to(x.dtype)
-        return dx, dw, None, None, None
+        return dx, dw, None, None, None, None
 
 
 def normalized_head_projection(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype | None = None, cast: torch.dtype | None = None
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype | None = None, cast: torch.dtype | None = None,
+    split: int | None = None,
+):
     """``x̂_h @ weight[h]`` for ``x [..., H, I]`` and ``weight [H, I, M]``: ``[..., H, M]``.
 
     Same dtype for both (the generator's float32 or float64); no autocast inside.
@@ -116,7 +122,12 @@ def normalized_head_projection(
     round it for other linear maps of x. Maps that read this copy send their gradient back
     through this function, which adds it into x's: one gradient for x instead of two that
     autograd adds (and, on CUDA, the copy is written by the forward kernel, which reads x
-    anyway). Returns ``(y, x_cast)`` then."""
+    anyway). Returns ``(y, x_cast)`` then.
+
+    ``split`` (``1 <= S < M``): y as two contiguous tensors, its columns ``[0, S)`` and
+    ``[S, M)`` (``((y_first, y_rest), x_cast)`` with ``cast``). On CUDA the kernels write
+    and read the parts where they are, so a consumer that needs one part contiguous (the
+    generator's conv) gets it without a copy; a part's gradient may be a broadcast."""
     if x.dim() < 2 or weight.dim() != 3 or x.shape[-2:] != weight.shape[:2]:
         raise ValueError(f"x [..., H, I] and weight [H, I, M] must agree, got {tuple(x.shape)} and {tuple(weight.shape)}")
     if x.dtype != weight.dtype:
@@ -127,9 +138,11 @@ def normalized_head_projection(
         raise TypeError(f"grad_dtype must be None, {x.dtype}, torch.float16 or torch.bfloat16, got {grad_dtype}")
     if cast not in (None, torch.float16, torch.bfloat16):
         raise TypeError(f"cast must be None, torch.float16 or torch.bfloat16, got {cast}")
+    if split is not None and (isinstance(split, bool) or not isinstance(split, int) or not 1 <= split < weight.shape[2]):
+        raise ValueError(f"split must be None or an int in [1, {weight.shape[2]}) (the outputs M), got {split!r}")
     lead = x.shape[:-2]
-    out = _NormalizedHeadProjection.apply(x.reshape(-1, *x.shape[-2:]), weight, eps, grad_dtype, cast)
-    if cast is None:
-        return out.reshape(*lead, *out.shape[-2:])
-    y, x_cast = out
-    return y.reshape(*lead, *y.shape[-2:]), x_cast.reshape(x.shape)
+    out = _NormalizedHeadProjection.apply(x.reshape(-1, *x.shape[-2:]), weight, eps, grad_dtype, cast, split)
+    out = out if isinstance(out, tuple) else (out,)
+    parts = [p.reshape(*lead, *p.shape[-2:]) for p in out[: 1 if split is None else 2]]
+    y = parts[0] if split is None else tuple(parts)
+    return y if cast is None else (y, out[-1].reshape(x.shape))
