@@ -362,6 +362,13 @@ stage_stop24() {  # the projection writing the gate's shares apart, the gate's o
   stage_profile
 }
 
+stage_stop24b() {  # every GPU test of the final code, a second run of the GLA layer and gla-370m, compiled GLA and GDN
+  TEST_LIMIT=${TEST_LIMIT:-280} stage_gputests
+  stage_gatelayer
+  stage_gatemodel
+  run ${COMPILE_LIMIT:-180} python benchmarks/check_compile.py --out $R/compile_cuda_h200.json --positions selective_rope --mixers gla,gated_deltanet
+}
+
 pack() {  # after every stage, so that a call cut short still returns what finished
   find $R \( -name '*.xml' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' -not -path '*/model/*' \
     | tar czf "$OUT/results.tgz" -T -
