@@ -249,3 +249,28 @@ def test_backend_choice_traces_without_graph_breaks(monkeypatch, first):
     explained = torch._dynamo.explain(step)(torch.ones(3))
     assert explained.graph_break_count == 0, explained.break_reasons
     assert torch.equal(torch.compile(step, backend="eager", fullgraph=True)(torch.ones(3)), torch.full((3,), 6.0))
+
+
+def test_warnings_trace_without_graph_breaks(monkeypatch):
+    """A mixer's one-time warning (fla #640's) runs on the host under torch.compile: no graph
+    break, and it is still issued, once. (torch 2.11's dynamo broke the graph at
+    ``warnings.warn``, on the H200; the stand-in below breaks as it did.)"""
+    issued = []
+
+    def warn(message, category, stacklevel):
+        torch._dynamo.graph_break()
+        issued.append(message)
+
+    monkeypatch.setattr(common, "_warned", set())
+    monkeypatch.setattr(common.warnings, "warn", warn)
+
+    def step(x):
+        x = x * 3  # (a break before any tensor work would not count)
+        common.warn_once("test-key", "srope test warning")
+        return x * 2
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(step)(torch.ones(3))
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert torch.equal(torch.compile(step, backend="eager", fullgraph=True)(torch.ones(3)), torch.full((3,), 6.0))
+    assert issued == ["srope test warning"]

@@ -27,8 +27,11 @@ FUSED_RECURRENT_MAX_T = 64  # fla's layers switch to the fused recurrent kernels
 _warned: set[str] = set()
 
 
+@torch.compiler.assume_constant_result
 def warn_once(key: str, message: str) -> None:
-    """Issue ``message`` once per process (``key`` identifies it)."""
+    """Issue ``message`` once per process (``key`` identifies it). Under torch.compile it runs
+    on the host while tracing (dynamo cannot trace ``warnings.warn``: a graph break at
+    every call that warns, as Gated DeltaNet's #640 warning did on the H200)."""
     if key not in _warned:
         _warned.add(key)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
