@@ -369,6 +369,13 @@ stage_stop24b() {  # every GPU test of the final code, a second run of the GLA l
   run ${COMPILE_LIMIT:-180} python benchmarks/check_compile.py --out $R/compile_cuda_h200.json --positions selective_rope --mixers gla,gated_deltanet
 }
 
+stage_stop24c() {  # the conv's activation moved into the gate's kernel: every GPU test, the GLA layer, gla-370m, the profile
+  TEST_LIMIT=${TEST_LIMIT:-280} stage_gputests
+  stage_gatelayer
+  stage_gatemodel
+  stage_profile
+}
+
 pack() {  # after every stage, so that a call cut short still returns what finished
   find $R \( -name '*.xml' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' -not -path '*/model/*' \
     | tar czf "$OUT/results.tgz" -T -

@@ -13,9 +13,10 @@ from tests.helpers import generator, randn, rel_err
 SHAPES = [(1, 1, 1), (37, 3, 5), (70, 4, 64), (16, 2, 16)]
 
 
-def reference_apply(c, y, gate_bias, e):
+def reference_apply(c, y, gate_bias, e, activation=None):
     heads = y.shape[1]
     value = c.unflatten(1, (heads, -1))
+    value = value if activation is None else torch.nn.functional.silu(value)
     gate = torch.sigmoid(y.sum(1) + gate_bias)
     return (value if e is None else value + e) * gate[..., None]
 
@@ -50,14 +51,17 @@ def gate_inputs(tokens, heads, pairs, bias, seed, device):
     return c, y, gate_bias, e
 
 
+@pytest.mark.parametrize("activation", ["silu", None], ids=["silu", "linear"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("tokens,heads,pairs", SHAPES)
-def test_apply_matches_float64(tokens, heads, pairs, bias, device):
+def test_apply_matches_float64(tokens, heads, pairs, bias, activation, device):
     c, y, gate_bias, e = gate_inputs(tokens, heads, pairs, bias, tokens * heads, device)
     if bias:
-        check_against_float64(apply_head_gate, reference_apply, (c, y, gate_bias, e), seed=2)
+        check_against_float64(lambda *a: apply_head_gate(*a, activation), lambda *a: reference_apply(*a, activation),
+                              (c, y, gate_bias, e), seed=2)
     else:
-        check_against_float64(lambda *a: apply_head_gate(*a), lambda *a: reference_apply(*a, None), (c, y, gate_bias), seed=2)
+        check_against_float64(lambda *a: apply_head_gate(*a, None, activation), lambda *a: reference_apply(*a, None, activation),
+                              (c, y, gate_bias), seed=2)
 
 
 def test_logit_gradient_is_a_broadcast(device):
@@ -90,7 +94,7 @@ def test_gradients_deterministic(device):
     grads = []
     for _ in range(2):
         inputs = leaves(c, y, gate_bias, e)
-        apply_head_gate(*inputs).square().sum().backward()
+        apply_head_gate(*inputs, "silu").square().sum().backward()
         grads.append([t.grad for t in inputs])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
@@ -108,6 +112,8 @@ BAD = [
     ("gate bias", lambda d: apply_head_gate(_zeros(3, 8, device=d), _zeros(3, 2, 2, device=d), _zeros(3, device=d)), ValueError, "gate_bias"),
     ("e", lambda d: apply_head_gate(_zeros(3, 8, device=d), _zeros(3, 2, 2, device=d), _zeros(2, device=d), _zeros(4, 2, device=d)),
      ValueError, "e must have shape"),
+    ("activation", lambda d: apply_head_gate(_zeros(3, 8, device=d), _zeros(3, 2, 2, device=d), _zeros(2, device=d), None, "gelu"),
+     ValueError, "activation"),
 ]
 
 
@@ -122,12 +128,14 @@ def test_opcheck(device):
 
     c, y, gate_bias, e = gate_inputs(5, 2, 3, True, 7, device)
     for bias in (e, None):
-        torch.library.opcheck(head_gate._apply_op, (c, y, gate_bias, bias))
+        for silu in (True, False):
+            torch.library.opcheck(head_gate._apply_op, (c, y, gate_bias, bias, silu))
 
 
+@pytest.mark.parametrize("activation", ["silu", None], ids=["silu", "linear"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("packing", ["dense", "padded", "packed"])
-def test_module_fused_gate_matches_float64(monkeypatch, bias, packing, device):
+def test_module_fused_gate_matches_float64(monkeypatch, bias, packing, activation, device):
     """SelectiveRoPE with the standard gate through the fused kernel and the split
     projection (FUSED_GATE "always")
     against the same module in float64 through torch: rotated q/k and every gradient
@@ -136,7 +144,7 @@ def test_module_fused_gate_matches_float64(monkeypatch, bias, packing, device):
     from srope.modules import selective_rope as module
 
     torch.manual_seed(11)
-    layer = module.SelectiveRoPE(48, 3, 10, gate="standard", bias=bias, conv_size=3).to(device)
+    layer = module.SelectiveRoPE(48, 3, 10, gate="standard", bias=bias, conv_size=3, conv_activation=activation).to(device)
     with torch.no_grad():
         for p in layer.parameters():
             p.add_(0.1 * torch.randn_like(p))

@@ -51,9 +51,10 @@ class ShortConvolution(nn.Module):
         return self.kernel_size - 1
 
     def forward(
-        self, x: torch.Tensor, layout: RowLayout, state: torch.Tensor | None = None
+        self, x: torch.Tensor, layout: RowLayout, state: torch.Tensor | None = None, activate: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return short_conv(x, self.kernel(), layout, state, self.bias, self.activation, self.backend)
+        """``(y, final state)``; ``activate=False`` leaves the activation to the caller."""
+        return short_conv(x, self.kernel(), layout, state, self.bias, self.activation if activate else None, self.backend)
 
     def extra_repr(self) -> str:
         return f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}"

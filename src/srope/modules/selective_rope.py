@@ -308,9 +308,11 @@ class SelectiveRoPE(PositionEncoding):
             if self._fuses_gate(parts[0]):
                 from srope.ops.triton.head_gate import apply_head_gate
 
-                c, conv_state = self.conv(parts[0].flatten(-2), layout, conv_state)
+                # (the conv's activation in the gate's kernel: fla's backward of its own
+                # activation recomputes the conv)
+                c, conv_state = self.conv(parts[0].flatten(-2), layout, conv_state, activate=False)
                 e = None if self.bias is None else torch.exp(self.bias.to(c.dtype))
-                phi = apply_head_gate(c.flatten(0, -2), parts[1].flatten(0, -3), self.gate.bias.to(c.dtype), e)
+                phi = apply_head_gate(c.flatten(0, -2), parts[1].flatten(0, -3), self.gate.bias.to(c.dtype), e, self.conv.activation)
                 phi = phi.view(*c.shape[:-1], self.num_heads, self.pairs)
             else:
                 u, gate = self.generator_inputs(x, grad_dtype, parts)
