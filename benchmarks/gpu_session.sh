@@ -376,6 +376,13 @@ stage_stop24c() {  # the conv's activation moved into the gate's kernel: every G
   stage_profile
 }
 
+stage_stop24d() {  # a second run of the final code's GLA layer and gla-370m, and the projection kernels alone again
+  stage_gatelayer
+  stage_gatemodel
+  run 100 python benchmarks/projection_variants.py --only "shipped,parts,forward shipped,forward split" \
+    --out $R/projection_split_h200.json
+}
+
 pack() {  # after every stage, so that a call cut short still returns what finished
   find $R \( -name '*.xml' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' -not -path '*/model/*' \
     | tar czf "$OUT/results.tgz" -T -
