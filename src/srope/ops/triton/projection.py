@@ -22,7 +22,10 @@ At 8 × 4096 tokens × 1024 it takes 0.129 ms of kernels with the weight's split
 TF32 the product alone takes 0.068 but errs by 2.9e-4), and 0.25 for a ``tf32x3`` kernel
 (results/tune_projection_forward_tried_h200.json). With ``cast`` the first pass also writes
 x rounded to bf16/fp16: the copy the host's linear maps read under autocast
-(:meth:`srope.modules.SelectiveRoPE.prepare`), at no extra read of x.
+(:meth:`srope.modules.SelectiveRoPE.prepare`), at no extra read of x. With ``split`` the
+outputs go to two tensors, columns ``[0, S)`` and ``[S, M)``, one column tile each (the
+generator's: the conv's input, then the gate's shares), and the backward reads dy and y
+from such parts at their own strides (the gate's gradient is a broadcast over heads).
 
 **Backward** (:func:`projection_backward`), with ``dz = r · dy`` and x rounded to bf16/fp16
 and everything else in float32::
