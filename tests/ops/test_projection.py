@@ -37,6 +37,35 @@ def test_gradcheck(monkeypatch):
     assert torch.autograd.gradcheck(lambda a, b: normalized_head_projection(a, b, 1e-3), (x, weight))
 
 
+@pytest.mark.parametrize("cast", [None, torch.bfloat16], ids=["plain", "cast"])
+def test_split_parts_are_the_columns(cast):
+    """``split``: two contiguous tensors, the unsplit output's columns, with the same
+    gradients (an unused part's included, and a broadcast gradient for the second)."""
+    gen = generator(2)
+    x = torch.randn(2, 6, 3, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(3, 5, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    out = normalized_head_projection(x, weight, 1e-6, cast=cast, split=4)
+    (first, rest), x_cast = out if cast is not None else (out, None)
+    whole = normalized_head_projection(x, weight, 1e-6)
+    assert first.is_contiguous() and rest.is_contiguous() and torch.equal(torch.cat([first, rest], -1), whole)
+    assert cast is None or torch.equal(x_cast, x.detach().to(cast))
+    grad_first = torch.randn(first.shape, generator=gen, dtype=torch.float64)
+    grad_rest = torch.randn(2, 6, 1, 3, generator=gen, dtype=torch.float64).expand(rest.shape)
+    ours = torch.autograd.grad((first, rest), (x, weight), (grad_first, grad_rest))
+    ref = torch.autograd.grad(whole, (x, weight), torch.cat([grad_first, grad_rest], -1), retain_graph=True)
+    assert all(rel_err(a, b) < 1e-13 for a, b in zip(ours, ref))
+    alone = torch.autograd.grad(normalized_head_projection(x, weight, 1e-6, split=4)[0], (x, weight), grad_first)
+    ref = torch.autograd.grad(whole, (x, weight), torch.cat([grad_first, torch.zeros_like(rest)], -1))
+    assert all(rel_err(a, b) < 1e-13 for a, b in zip(alone, ref))
+
+
+@pytest.mark.parametrize("split", [0, 7, True, 2.5])
+def test_bad_split(split):
+    with pytest.raises(ValueError, match="split"):
+        normalized_head_projection(torch.randn(4, 3, 5, dtype=torch.float64), torch.randn(3, 5, 7, dtype=torch.float64), 1e-6,
+                                   split=split)
+
+
 def test_zero_input_rows_stay_finite():
     x = torch.zeros(3, 2, 4, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
