@@ -38,8 +38,12 @@ def environment() -> dict:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     if torch.cuda.is_available():
+        from srope.ops.triton.ops import pdl
+
         info["gpu"] = torch.cuda.get_device_name()
         info["capability"] = list(torch.cuda.get_device_capability())
+        # srope's kernels launched with programmatic dependent launch (SROPE_PDL)
+        info["programmatic_dependent_launch"] = bool(pdl(torch.empty(0, device="cuda")))
     return info
 
 

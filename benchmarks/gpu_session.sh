@@ -383,6 +383,24 @@ stage_stop24d() {  # a second run of the final code's GLA layer and gla-370m, an
     --out $R/projection_split_h200.json
 }
 
+# Programmatic dependent launch (srope.ops.triton.ops.pdl) against SROPE_PDL=0 in the same call
+stage_pdltest() {  # its GPU test, with the compile + CUDA-graph one
+  run 200 python -m pytest tests/triton/test_gpu.py -q -p no:cacheprovider -rA -k "programmatic or inductor" \
+    --junitxml=$R/pytest_gpu_pdl.xml
+}
+stage_pdlop() {  # the rotation op and the decode step, PDL off then on
+  SROPE_PDL=0 run ${OP_LIMIT:-150} python benchmarks/bench_op.py --only srope_triton,rope_srope --out $R/op_srope_pdl_off_h200.json
+  run ${OP_LIMIT:-150} python benchmarks/bench_op.py --only srope_triton,rope_srope --out $R/op_srope_h200.json
+}
+stage_pdllayer() {  # the GLA layer with each PE, PDL off then on
+  SROPE_PDL=0 run 150 python benchmarks/bench_layer.py --hosts gla --out $R/layer_gla_pdl_off_h200.json
+  stage_gatelayer
+}
+stage_pdlmodel() {  # gla-370m training and decoding, PDL on then off
+  stage_gatemodel
+  SROPE_PDL=0 run ${MODEL_LIMIT:-200} python benchmarks/bench_model.py --preset gla-370m --out $R/model_pdl_off_h200.json
+}
+
 pack() {  # after every stage, so that a call cut short still returns what finished
   find $R \( -name '*.xml' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' -not -path '*/model/*' \
     | tar czf "$OUT/results.tgz" -T -

@@ -2,8 +2,9 @@
 
 The op wrappers run on CPU tensors with the kernel launches replaced by recorders; every
 distinct launch (and every autotune config) is then compiled through Triton's full
-pipeline down to ptxas. Prints one JSON line per kernel variant with the registers and
-spill bytes ptxas reports, the layout conversions in the TTGIR (most of them a round trip
+pipeline down to ptxas, as a GPU with programmatic dependent launch gets them
+(``ops.pdl``). Prints one JSON line per kernel variant with the registers and
+spill bytes ptxas reports, whether the PTX waits for the previous kernel, the layout conversions in the TTGIR (most of them a round trip
 through shared memory) and the approximate instructions found in the PTX.
 
     python -m tests.triton.compile_sm90     (TRITON_INTERPRET must be unset)
@@ -23,7 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from srope.ops.triton import decode, kernels, ops
+from srope.ops.triton import decode, head_gate, kernels, ops
 from srope.ops.triton import projection as projection_grad
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -47,8 +48,14 @@ class Recorder:
         return lambda *args, **kwargs: self.calls.append((self, args, kwargs))
 
 
+def with_pdl(_x) -> dict:
+    return {"PDL": True, "launch_pdl": True}
+
+
 def record_launches() -> list:
     calls = []
+    for module in (ops, decode, head_gate, projection_grad):
+        module.pdl = with_pdl
     for name in ("chunk_sum_kernel", "chunk_scan_fwd_kernel", "chunk_scan_bwd_kernel", "dphi_kernel",
                  "srope_fwd_kernel", "srope_bwd_kernel"):
         setattr(kernels, name, Recorder(getattr(kernels, name), name, calls))
@@ -97,6 +104,13 @@ def record_launches() -> list:
         setattr(projection_grad, name, Recorder(getattr(projection_grad, name), name, calls))
     for cast, split in ((None, None), (torch.bfloat16, None), (torch.bfloat16, 64)):
         projection_grad._forward_op(torch.zeros(64, 4, 256), torch.zeros(4, 256, 68), 1e-6, cast, split)
+    # the generator's phase gate at GLA-370M (4 heads x 64 pairs), with and without the bias and SiLU
+    for name in ("apply_fwd_kernel", "apply_bwd_kernel"):
+        setattr(head_gate, name, Recorder(getattr(head_gate, name), name, calls))
+    c, y, gate_bias, e = torch.zeros(64, 256), torch.zeros(64, 4, 4), torch.zeros(4), torch.zeros(4, 64)
+    for bias, silu in ((e, True), (None, False)):
+        head_gate._apply_op(c, y, gate_bias, bias, silu)
+        head_gate._apply_bwd_op(torch.zeros(64, 4, 64), c, y, gate_bias, bias, silu)
     return calls
 
 
@@ -159,7 +173,7 @@ def main() -> int:
             if key in seen:
                 continue
             seen.add(key)
-            options = {"num_warps": warps, **{name: kwargs[name] for name in ("maxnreg", "num_stages") if name in kwargs}}
+            options = {"num_warps": warps, **{name: kwargs[name] for name in ("maxnreg", "num_stages", "launch_pdl") if name in kwargs}}
             compiled = triton.compile(ASTSource(recorder.fn, sig, constants, attrs), target=TARGET, options=options)
             ptx = compiled.asm["ptx"]
             tile = {name: constants.get(name) for name in ("R", "BT", "ST", "F64", "CAST", "HOST_GRAD", "WEIGHT_GRAD")
@@ -167,7 +181,8 @@ def main() -> int:
             print(json.dumps({"kernel": recorder.name, "warps": warps, **tile, **ptxas_report(ptx),
                               "shared_bytes": compiled.metadata.shared,
                               "layout_conversions": compiled.asm["ttgir"].count("ttg.convert_layout"),
-                              "approx": sorted(set(APPROX.findall(ptx)))}), flush=True)
+                              "approx": sorted(set(APPROX.findall(ptx))),
+                              "launch_pdl": bool(options.get("launch_pdl")), "waits": "griddepcontrol.wait" in ptx}), flush=True)
     return 0
 
 

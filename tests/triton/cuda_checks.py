@@ -8,6 +8,7 @@ Every check runs on fresh seeded random inputs and returns the relative RMS erro
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -179,4 +180,76 @@ def compile_and_graph_errors() -> dict:
         "graph_breaks": explained.graph_break_count,
         "compiled_max_err": max(rel_err(a, b) for a, b in zip(got, want)),
         "cuda_graph_max_err": max(rel_err(a, b) for a, b in zip(graph_grads, want)),
+    }
+
+
+def _module_step(module, q, k, x, decode=True):
+    """The layer's Selective RoPE forward and backward (GLA-370M generator, fused path) and
+    (``decode``), with no grad, a cached prefill and one fused decode step."""
+    for tensor in (q, k, x, *module.parameters()):
+        tensor.grad = None
+    q_rot, k_rot = module(q, k, x)[:2]
+    (q_rot.float().square().sum() + (k_rot.float() * q_rot.float()).sum()).backward()
+    outputs = [q_rot, k_rot, q.grad, k.grad, x.grad, *(p.grad for p in module.parameters() if p.grad is not None)]
+    if not decode:
+        return outputs
+    with torch.no_grad():
+        _, _, state = module(q[:, :-1], k[:, :-1], x[:, :-1], use_cache=True)
+        q_step, k_step, state = module.decode_step(q[:, -1:], k[:, -1:], x[:, -1:], state)
+    return [*outputs, q_step, k_step, state.phase]
+
+
+def programmatic_launch_mismatches() -> dict:
+    """The same work with programmatic dependent launch off (``SROPE_PDL=0``), on, and on in
+    a CUDA-graph replay: the rotation op (GQA with offset and temperature gradient; packed)
+    and the Selective RoPE module (projection, gate, rotation, decode). Returns whether PDL
+    was in use and the worst relative error of each run against the first (0: the same bits)."""
+    from srope.ops.triton import ops
+
+    def rotation():
+        out = []
+        for shape, seed in ((SHAPES["gqa-partial-oddR"], 11), (SHAPES["packed"], 12)):
+            rot, _, leaves, _ = run_rotation(shape, torch.bfloat16, seed=seed)
+            out += [rot[0], rot[1], *(leaf.grad for leaf in leaves)]
+        return out
+
+    torch.manual_seed(13)
+    module = SelectiveRoPE(1024, 4, 128, gate="standard", bias=True).cuda()
+    x = torch.randn(4, 513, 1024, device="cuda").requires_grad_()
+    q = torch.randn(4, 513, 4, 128, device="cuda").requires_grad_()
+    k = torch.randn(4, 513, 4, 128, device="cuda").requires_grad_()
+
+    def everything():
+        return rotation() + _module_step(module, q, k, x)
+
+    def train_step():
+        return [t.clone() for t in _module_step(module, q, k, x, decode=False)]
+
+    previous = os.environ.get(ops.PDL_ENV)
+    try:
+        os.environ[ops.PDL_ENV] = "0"
+        want = [t.clone() for t in everything()]
+        want_train = train_step()
+        os.environ[ops.PDL_ENV] = "1"
+        active = bool(ops.pdl(q))
+        eager = [t.clone() for t in everything()]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            _module_step(module, q, k, x, decode=False)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = _module_step(module, q, k, x, decode=False)
+        graph.replay()
+        torch.cuda.synchronize()
+    finally:
+        if previous is None:
+            os.environ.pop(ops.PDL_ENV, None)
+        else:
+            os.environ[ops.PDL_ENV] = previous
+    return {
+        "pdl_active": active,
+        "eager": max(rel_err(a, b) for a, b in zip(eager, want)),
+        "cuda_graph": max(rel_err(a, b) for a, b in zip(captured, want_train)),
     }

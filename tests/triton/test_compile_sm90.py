@@ -1,6 +1,7 @@
 """The kernels compile for sm_90 (H100/H200) through ptxas on this machine, GPU or not:
 no compile error, no register spills (exceptions explained below), no sin.approx/cos.approx
-in the PTX. The kernels are specialised as the JIT does on the GPU (compile_sm90.signature)."""
+in the PTX, and every kernel launched for programmatic dependent launch waits for the
+kernel before it (``griddepcontrol.wait``; without it, it could read its inputs early). The kernels are specialised as the JIT does on the GPU (compile_sm90.signature)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def test_every_kernel_compiles_for_sm90_without_spills_or_approximate_sincos():
     kernels = {report["kernel"] for report in reports}
     assert kernels == {"chunk_sum_kernel", "chunk_scan_fwd_kernel", "chunk_scan_bwd_kernel", "dphi_kernel", "srope_fwd_kernel",
                        "srope_bwd_kernel", "_rope_fwd", "_rope_bwd", "decode_step_kernel", "generator_inputs_kernel",
-                       "backward_kernel", "split_weight_kernel", "forward_kernel"}, kernels
+                       "backward_kernel", "split_weight_kernel", "forward_kernel", "apply_fwd_kernel",
+                       "apply_bwd_kernel"}, kernels
     for report in reports:
         # With 4 warps the rotation forwards and RoPE's backward keep one predicate register
         # in local memory across libdevice sinf/cosf's branch to their slow path (Payne-Hanek,
@@ -44,3 +46,4 @@ def test_every_kernel_compiles_for_sm90_without_spills_or_approximate_sincos():
         # sm_90; the projection's backward takes the most, 62 KiB with three stages)
         assert report["shared_bytes"] <= 101376, report
         assert not any(op.startswith(FORBIDDEN) for op in report["approx"]), report
+        assert report["launch_pdl"] and report["waits"], report

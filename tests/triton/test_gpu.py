@@ -49,3 +49,10 @@ def test_inductor_compile_and_cuda_graph():
     errors = cuda_checks.compile_and_graph_errors()
     assert errors["graph_breaks"] == 0
     assert errors["compiled_max_err"] < 1e-2 and errors["cuda_graph_max_err"] < 1e-6, errors
+
+
+def test_programmatic_dependent_launch_gives_the_same_results():
+    errors = cuda_checks.programmatic_launch_mismatches()
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert errors["pdl_active"], errors
+    assert errors["eager"] == 0 and errors["cuda_graph"] == 0, errors

@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from srope.ops.conv import ACTIVATIONS
-from srope.ops.triton.kernels import _exp, _load_halves, _out, _rotate_heads_fwd, _sincos, _wrap
-from srope.ops.triton.ops import interpreting, on_device
+from srope.ops.triton.kernels import await_predecessor, _exp, _load_halves, _out, _rotate_heads_fwd, _sincos, _wrap
+from srope.ops.triton.ops import interpreting, on_device, pdl
 
 GATE_NONE, GATE_HEAD, GATE_CHANNEL = 0, 1, 2
 
@@ -41,10 +41,11 @@ def decode_step_kernel(
     Hk: tl.constexpr, G: tl.constexpr, R: tl.constexpr, P: tl.constexpr, W: tl.constexpr,
     BR: tl.constexpr, BP: tl.constexpr, BW: tl.constexpr,
     SILU: tl.constexpr, HAS_CONV_BIAS: tl.constexpr, HAS_BIAS: tl.constexpr, GATE: tl.constexpr,
-    F64: tl.constexpr, PRECISE: tl.constexpr,
+    F64: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One program per (sequence n, key head hk): its R generator channels, then the
     rotation of key head hk and its query-head group."""
+    await_predecessor(PDL)
     CD: tl.constexpr = tl.float64 if F64 else tl.float32
     n, hk = tl.program_id(0).to(tl.int64), tl.program_id(1)
     rr = tl.arange(0, BR)
@@ -92,12 +93,13 @@ def decode_step_kernel(
 def generator_inputs_kernel(
     x, weight, gate_bias, u, gate, eps, x_n,
     Hk: tl.constexpr, I: tl.constexpr, R: tl.constexpr, M: tl.constexpr,
-    BH: tl.constexpr, BI: tl.constexpr, BR: tl.constexpr, GATE: tl.constexpr, F64: tl.constexpr,
+    BH: tl.constexpr, BI: tl.constexpr, BR: tl.constexpr, GATE: tl.constexpr, F64: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One program per (token n, key head hk): ``u[n, hk] = x̂_hk @ weight[hk, :, :R]`` and,
     with a per-head gate, ``sigmoid(Σ_h x̂_h @ weight[h, :, R + hk] + gate_bias[hk])``;
     x̂_h = x_h / sqrt(|x_h|² + ε) for each head chunk x_h of the token (the loop walks the
     hidden size in BI-wide slices)."""
+    await_predecessor(PDL)
     CD: tl.constexpr = tl.float64 if F64 else tl.float32
     n, hk = tl.program_id(0).to(tl.int64), tl.program_id(1)
     hh = tl.arange(0, BH)
@@ -148,7 +150,7 @@ def _inputs_op(x: torch.Tensor, weight: torch.Tensor, gate_bias: torch.Tensor | 
                 x, weight, weight if gate_bias is None else gate_bias.contiguous(), u, gate, eps, x.stride(0),
                 Hk=key_heads, I=chunk, R=pairs, M=width, BH=triton.next_power_of_2(key_heads),
                 BI=block_i, BR=block_r, GATE=gate_bias is not None, F64=weight.dtype == torch.float64,
-                num_warps=8 if block_i * block_r >= 8192 else 4,
+                num_warps=8 if block_i * block_r >= 8192 else 4, **pdl(x),
             )
     return u, gate
 
@@ -232,7 +234,7 @@ def _decode_op(
                 BW=triton.next_power_of_2(width), SILU=silu, HAS_CONV_BIAS=conv_bias is not None,
                 HAS_BIAS=bias is not None, GATE=gate_kind,
                 F64=any(x.dtype == torch.float64 for x in (q, k, u, temperature)),
-                PRECISE=not interpreting(), num_warps=1 if pairs * (heads + key_heads) <= 4096 else 4,
+                PRECISE=not interpreting(), num_warps=1 if pairs * (heads + key_heads) <= 4096 else 4, **pdl(q),
             )
     return q_out, k_out, state_out, phase_out
 

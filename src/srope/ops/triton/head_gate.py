@@ -35,7 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-from srope.ops.triton.ops import interpreting, on_device
+from srope.ops.triton.kernels import await_predecessor
+from srope.ops.triton.ops import interpreting, on_device, pdl
 
 BLOCK_N = 64  # tokens per program (the interpreter: 16)
 ACTIVATIONS = (None, "silu", "swish")  # the conv's (srope.ops.conv.ACTIVATIONS)
@@ -51,7 +52,8 @@ def _gate(y, gate_bias, nn, mn, h, H: tl.constexpr, BH: tl.constexpr):
 
 @triton.jit
 def apply_fwd_kernel(c, y, gate_bias, e, phi, N, H: tl.constexpr, R: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                     BN: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
+                     BN: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr = False):
+    await_predecessor(PDL)
     nn = tl.program_id(0) * BN + tl.arange(0, BN)
     h = tl.program_id(1)
     rr = tl.arange(0, BR)
@@ -68,10 +70,11 @@ def apply_fwd_kernel(c, y, gate_bias, e, phi, N, H: tl.constexpr, R: tl.constexp
 
 @triton.jit
 def apply_bwd_kernel(dphi, c, y, gate_bias, e, dc, dlogit, partial_bias, partial_e, N, H: tl.constexpr, R: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
+                     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr = False):
     """dc = dφ·s·act'(c); the logit's gradient ``dlogit = s(1-s) Σ_r dφ·(act(c) + e)`` and its
     sum over the block's tokens (``partial_bias``); with a bias, ``partial_e``: Σ over the
     block of dφ·s."""
+    await_predecessor(PDL)
     pn, h = tl.program_id(0), tl.program_id(1)
     nn = pn * BN + tl.arange(0, BN)
     rr = tl.arange(0, BR)
@@ -115,7 +118,7 @@ def _apply_op(c: torch.Tensor, y: torch.Tensor, gate_bias: torch.Tensor, e: torc
     if count:
         with on_device(c):
             apply_fwd_kernel[(blocks, heads)](c, y, gate_bias, c if e is None else e.contiguous(), phi, count,
-                                              HAS_BIAS=e is not None, SILU=silu, **_meta(heads, pairs, block_n))
+                                              HAS_BIAS=e is not None, SILU=silu, **_meta(heads, pairs, block_n), **pdl(c))
     return phi
 
 
@@ -140,7 +143,7 @@ def _apply_bwd_op(
     if count:
         with on_device(c):
             apply_bwd_kernel[(blocks, heads)](dphi, c, y, gate_bias, c if e is None else e, dc, dlogit, partial_bias, partial_e,
-                                              count, HAS_BIAS=e is not None, SILU=silu, **_meta(heads, pairs, block_n))
+                                              count, HAS_BIAS=e is not None, SILU=silu, **_meta(heads, pairs, block_n), **pdl(c))
     return dc, dlogit, partial_bias.sum(0), partial_e.sum(0)
 
 

@@ -25,6 +25,10 @@ Design (see ``ops.py`` for the launches):
   the chunk totals per sequence (the suffix carried into each chunk), the offset gradient
   ``Θ · Σ_t dL/dangle_t`` and the fixed-order sum of the temperature partials; (3)
   ``dphi``: ``Θ · (local reverse cumsum + carry)``. No atomics: bitwise deterministic.
+- Programmatic dependent launch (``PDL``, sm_90+, :func:`srope.ops.triton.ops.pdl`): every
+  kernel first waits until the kernel before it in the stream has finished
+  (``griddepcontrol.wait``, before any load) and then lets the next one's programs start,
+  so that they are resident and waiting when it ends instead of being launched then.
 - sin/cos (and exp in the decode step): libdevice ``__nv_sinf``/``__nv_cosf`` (accurate,
   full range reduction) on the GPU, numpy's under ``TRITON_INTERPRET=1``; never the
   approximate PTX instructions.
@@ -38,6 +42,7 @@ import os
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 TWO_PI = tl.constexpr(2.0 * math.pi)
 INV_TWO_PI = tl.constexpr(1.0 / (2.0 * math.pi))
@@ -46,6 +51,16 @@ INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 # Tokens per unrolled step of the light kernels: that many loads in flight per thread (an
 # unroll of 32 spilled registers at 32-token chunks, sm_90)
 LIGHT_UNROLL = tl.constexpr(8)
+
+
+@triton.jit
+def await_predecessor(PDL: tl.constexpr):
+    """With programmatic dependent launch: wait for the previous kernel in the stream to
+    finish (its writes visible), then allow the next kernel to launch. Called first, before
+    any load: the previous kernel may have written any input."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -252,11 +267,12 @@ def _light_block(pid, hb, S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk: tl.
 def chunk_sum_kernel(
     phi, sums, base, p_b, p_t, p_h, T, NT, N, S, cu_seqlens, chunk_seq, cu_chunks,
     Hk: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, CPP: tl.constexpr, HPP: tl.constexpr, BR: tl.constexpr,
-    VARLEN: tl.constexpr,
+    VARLEN: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """``sums[c, hk, :] = Σ_{t in chunk c} φ_t`` in float64 (tokens in order) for ``CPP``
     chunks and ``HPP`` key heads at once; unused slots of a packed batch get ``base = 0``
     (so that every element of the saved ``base`` is defined)."""
+    await_predecessor(PDL)
     slots, b, t0, t_end, valid, h, r, mc, slot_ch, ms = _light_block(
         tl.program_id(0), tl.program_id(1), S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk, R, BT, CPP, HPP, BR, VARLEN)
     rows = phi + b[:, None] * p_b + (h * p_h + r)[None, :]
@@ -274,10 +290,11 @@ def chunk_sum_kernel(
 def chunk_scan_fwd_kernel(
     sums, base, offset, final, NT, cu_chunks,
     Hk: tl.constexpr, R: tl.constexpr, BRS: tl.constexpr, BC: tl.constexpr,
-    HAS_OFFSET: tl.constexpr, VARLEN: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, VARLEN: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Per (sequence, key head, channel block): exclusive float64 scan of the chunk sums
     from the offset (``base``), and the final phase."""
+    await_predecessor(PDL)
     n, hk, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rr = rb * BRS + tl.arange(0, BRS)
     mr = rr < R
@@ -303,9 +320,10 @@ def srope_fwd_kernel(
     T, NT, N, cu_seqlens, chunk_seq, cu_chunks,
     Hk: tl.constexpr, G: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
     BT: tl.constexpr, ST: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
-    VARLEN: tl.constexpr, F64: tl.constexpr, PRECISE: tl.constexpr, FAST: tl.constexpr,
+    VARLEN: tl.constexpr, F64: tl.constexpr, PRECISE: tl.constexpr, FAST: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Rotate key head ``hk`` and query heads ``hk·G .. hk·G+G-1`` over one chunk."""
+    await_predecessor(PDL)
     CD: tl.constexpr = tl.float64 if F64 else tl.float32
     SUB: tl.constexpr = min(ST, BT)
     pid_c, hk = tl.program_id(0), tl.program_id(1)
@@ -337,10 +355,11 @@ def srope_bwd_kernel(
     Hk: tl.constexpr, G: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
     BT: tl.constexpr, ST: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
     VARLEN: tl.constexpr, F64: tl.constexpr, PRECISE: tl.constexpr, FAST: tl.constexpr,
-    STORE_DANGLE: tl.constexpr, TEMP_GRAD: tl.constexpr,
+    STORE_DANGLE: tl.constexpr, TEMP_GRAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """dq, dk of one chunk and key-head group; dL/dangle (scratch + chunk total) and the
     chunk's temperature partial ``Σ_t dL/dangle_t · Φ_t``."""
+    await_predecessor(PDL)
     CD: tl.constexpr = tl.float64 if F64 else tl.float32
     SUB: tl.constexpr = min(ST, BT)
     pid_c, hk = tl.program_id(0), tl.program_id(1)
@@ -392,11 +411,12 @@ def srope_bwd_kernel(
 def chunk_scan_bwd_kernel(
     dtotal, dtemp_part, carry_out, temp, doffset, dtemp_seq, temp_h, NT, cu_chunks,
     Hk: tl.constexpr, R: tl.constexpr, BRS: tl.constexpr, BC: tl.constexpr,
-    CARRY: tl.constexpr, OFFSET_GRAD: tl.constexpr, TEMP_GRAD: tl.constexpr, VARLEN: tl.constexpr,
+    CARRY: tl.constexpr, OFFSET_GRAD: tl.constexpr, TEMP_GRAD: tl.constexpr, VARLEN: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Per (sequence, key head, channel block), walking the chunks last to first: the
     suffix of dL/dangle after each chunk (``carry_out``), ``doffset = Θ · Σ dL/dangle``
     and the fixed-order sum of the temperature partials (``dtemp_seq``)."""
+    await_predecessor(PDL)
     n, hk, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rr = rb * BRS + tl.arange(0, BRS)
     mr = rr < R
@@ -425,11 +445,12 @@ def chunk_scan_bwd_kernel(
 def dphi_kernel(
     dangle, carry, temp, dphi, d_b, d_t, d_h, temp_h, T, NT, N, S, cu_seqlens, chunk_seq, cu_chunks,
     Hk: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, CPP: tl.constexpr, HPP: tl.constexpr, BR: tl.constexpr,
-    VARLEN: tl.constexpr,
+    VARLEN: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """``dφ_t = Θ · Σ_{s ≥ t, same sequence} dL/dangle_s`` for ``CPP`` chunks and ``HPP`` key
     heads at once: each chunk's tokens last to first, a running suffix (float32 unless
     float64) plus the float64 carry from later chunks rounded to float32 once."""
+    await_predecessor(PDL)
     slots, b, t0, t_end, valid, h, r, mc, slot_ch, ms = _light_block(
         tl.program_id(0), tl.program_id(1), S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk, R, BT, CPP, HPP, BR, VARLEN)
     after = tl.load(carry + slot_ch, mask=ms & valid[:, None], other=0.0)
@@ -460,9 +481,10 @@ def rope_fwd_kernel(
     q, k, pos, inv_freq, q_out, k_out,
     q_b, q_t, q_h, k_b, k_t, k_h, qo_b, qo_t, qo_h, ko_b, ko_t, ko_h, s_b, s_t, T, NT,
     G: tl.constexpr, R: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, ST: tl.constexpr,
-    BR: tl.constexpr, BP: tl.constexpr, F64: tl.constexpr, PRECISE: tl.constexpr,
+    BR: tl.constexpr, BP: tl.constexpr, F64: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Fixed RoPE over one chunk: key head ``hk`` and its query-head group."""
+    await_predecessor(PDL)
     CD: tl.constexpr = tl.float64 if F64 else tl.float32
     SUB: tl.constexpr = min(ST, BT)
     pid_c, hk = tl.program_id(0), tl.program_id(1)
@@ -488,10 +510,11 @@ def rope_bwd_kernel(
     dq_b, dq_t, dq_h, dk_b, dk_t, dk_h, s_b, s_t, T, NT,
     Hk: tl.constexpr, G: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
     BT: tl.constexpr, ST: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
-    F64: tl.constexpr, PRECISE: tl.constexpr, FREQ_GRAD: tl.constexpr,
+    F64: tl.constexpr, PRECISE: tl.constexpr, FREQ_GRAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Fixed RoPE backward: inverse rotation; with ``FREQ_GRAD`` also the chunk's
     ``Σ_t dL/dangle_t · position_t`` per frequency (float64 partials)."""
+    await_predecessor(PDL)
     CD: tl.constexpr = tl.float64 if F64 else tl.float32
     SUB: tl.constexpr = min(ST, BT)
     pid_c, hk = tl.program_id(0), tl.program_id(1)

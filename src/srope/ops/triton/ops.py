@@ -103,6 +103,29 @@ def _light_tile(block_t: int, block_r: int, key_heads: int, elements: int = LIGH
     return {"HPP": heads, "CPP": max(1, elements // (heads * block_r)), "num_warps": 4}
 
 
+PDL_ENV = "SROPE_PDL"
+
+
+@functools.cache
+def _pdl_capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def pdl(x: torch.Tensor) -> dict:
+    """Launch options for programmatic dependent launch of srope's kernels on ``x``'s device:
+    ``{"PDL": True, "launch_pdl": True}`` on sm_90+ GPUs, else none (CPU, the interpreter,
+    older GPUs, or ``SROPE_PDL=0`` in the environment, read at every launch).
+
+    The two always go together: a kernel launched early (``launch_pdl``) must wait for its
+    predecessor before reading (``PDL``, :func:`kernels.await_predecessor`). What it saves
+    is the gap between dependent kernels, the next one's programs being resident when the
+    previous one ends (a few microseconds per kernel; it matters most for short kernels
+    and CUDA-graph replays)."""
+    if x.device.type != "cuda" or interpreting() or os.environ.get(PDL_ENV, "1") == "0":
+        return {}
+    return {"PDL": True, "launch_pdl": True} if _pdl_capable(x.device.index) else {}
+
+
 def _no_spill() -> dict:
     return {} if interpreting() else dict(NO_SPILL)
 
@@ -224,18 +247,18 @@ def selective_rope_fwd(
     if slots > 0:
         kernels.chunk_sum_kernel[(triton.cdiv(slots, light["CPP"]), triton.cdiv(key_heads, light["HPP"]))](
             phi, sums, base, *_bth(phi), length, per_row, count, slots, *table,
-            Hk=key_heads, R=pairs, BT=block_t, BR=meta["BR"], VARLEN=varlen, **light, **_no_spill(),
+            Hk=key_heads, R=pairs, BT=block_t, BR=meta["BR"], VARLEN=varlen, **light, **_no_spill(), **pdl(q),
         )
     scan = _scan_tile(per_row, meta["BR"])
     kernels.chunk_scan_fwd_kernel[(count, key_heads, triton.cdiv(pairs, scan["BRS"]))](
         sums, base, sums if offset is None else offset.contiguous(), final, per_row, table[2],
-        Hk=key_heads, R=pairs, HAS_OFFSET=offset is not None, VARLEN=varlen, **scan,
+        Hk=key_heads, R=pairs, HAS_OFFSET=offset is not None, VARLEN=varlen, **scan, **pdl(q),
     )
     if slots > 0:
         kernels.srope_fwd_kernel[(slots, key_heads)](
             q, k, phi, temperature, base, q_out, k_out,
             *_bth(q), *_bth(k), *_bth(q_out), *_bth(k_out), *_bth(phi), temp_h,
-            length, per_row, count, *table, Hk=key_heads, VARLEN=varlen, **meta,
+            length, per_row, count, *table, Hk=key_heads, VARLEN=varlen, **meta, **pdl(q),
         )
     return q_out, k_out, final, base
 
@@ -288,7 +311,7 @@ def selective_rope_bwd(
             q, k, dq_out, dk_out, phi, temperature, base, dq, dk, dangle, dtotal, dtemp_part,
             *_bth(q), *_bth(k), *_bth(dq_out), *_bth(dk_out), *_bth(dq), *_bth(dk), *_bth(phi), temp_h,
             length, per_row, count, *table, Hk=key_heads, VARLEN=varlen,
-            STORE_DANGLE=need_dangle, TEMP_GRAD=temperature_grad, **meta,
+            STORE_DANGLE=need_dangle, TEMP_GRAD=temperature_grad, **meta, **pdl(q),
         )
     carry = buffer((slots, key_heads, pairs), phi_grad)
     doffset = buffer((count, key_heads, pairs), offset_grad)
@@ -298,14 +321,14 @@ def selective_rope_bwd(
         kernels.chunk_scan_bwd_kernel[(count, key_heads, triton.cdiv(pairs, scan["BRS"]))](
             dtotal, dtemp_part, carry, temperature, doffset, dtemp_seq, temp_h, per_row, table[2],
             Hk=key_heads, R=pairs, CARRY=phi_grad, OFFSET_GRAD=offset_grad, TEMP_GRAD=temperature_grad,
-            VARLEN=varlen, **scan,
+            VARLEN=varlen, **scan, **pdl(q),
         )
     dphi = buffer(phi.shape, phi_grad, phi.dtype)
     if phi_grad and slots > 0:
         light = _light_tile(block_t, meta["BR"], key_heads)
         kernels.dphi_kernel[(triton.cdiv(slots, light["CPP"]), triton.cdiv(key_heads, light["HPP"]))](
             dangle, carry, temperature, dphi, *_bth(dphi), temp_h, length, per_row, count, slots, *table,
-            Hk=key_heads, R=pairs, BT=block_t, BR=meta["BR"], VARLEN=varlen, **light,
+            Hk=key_heads, R=pairs, BT=block_t, BR=meta["BR"], VARLEN=varlen, **light, **pdl(q),
         )
     return dq, dk, dphi, dtemp_seq, doffset
 
@@ -420,7 +443,7 @@ def rope_fwd(
     if batch * per_row > 0:
         _rope_fwd[(batch * per_row, key_heads)](
             q, k, positions, inv_freq, q_out, k_out, *_bth(q), *_bth(k), *_bth(q_out), *_bth(k_out),
-            positions.stride(0), positions.stride(1), length, per_row, **meta, **_rope_tile(),
+            positions.stride(0), positions.stride(1), length, per_row, **meta, **_rope_tile(), **pdl(q),
         )
     return q_out, k_out
 
@@ -453,7 +476,7 @@ def rope_bwd(
             q, k, dq_out, dk_out, positions, inv_freq, dq, dk, partial,
             *_bth(q), *_bth(k), *_bth(dq_out), *_bth(dk_out), *_bth(dq), *_bth(dk),
             positions.stride(0), positions.stride(1), length, per_row,
-            Hk=key_heads, FREQ_GRAD=freq_grad, **meta, **_rope_tile(),
+            Hk=key_heads, FREQ_GRAD=freq_grad, **meta, **_rope_tile(), **pdl(q),
         )
     return dq, dk, partial
 

@@ -55,7 +55,8 @@ import torch
 import triton
 import triton.language as tl
 
-from srope.ops.triton.ops import interpreting, on_device
+from srope.ops.triton.kernels import await_predecessor
+from srope.ops.triton.ops import interpreting, on_device, pdl
 
 
 @triton.jit
@@ -137,7 +138,7 @@ def backward_kernel(
     N, x_n, tokens,
     STRIDES: tl.constexpr, H: tl.constexpr, I: tl.constexpr, M: tl.constexpr, W1: tl.constexpr, C2: tl.constexpr,
     BN: tl.constexpr, BI: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr, TWO: tl.constexpr,
-    HOST_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, STORE_Z: tl.constexpr, UPCAST: tl.constexpr,
+    HOST_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, STORE_Z: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (slab of ``tokens`` tokens, head, slice of BI inputs of the head chunk): ``dx``
     there, in steps of BN tokens, and (WEIGHT_GRAD) the slab's share of the weight gradient
@@ -153,6 +154,7 @@ def backward_kernel(
     constexprs, so that the compiler knows their alignment; a head stride may be 0). ``UPCAST``: multiply in
     float32 (the interpreter's dot misreads 16-bit operands; products of 16-bit numbers
     are exact in float32, so only the summation order differs)."""
+    await_predecessor(PDL)
     ps, h, pi = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ii = pi * BI + tl.arange(0, BI)
     mi = ii < I
@@ -248,7 +250,7 @@ def _backward_op(
             dy, dy2, y, y2, inv_norm, weight, x, dx if host_grad is None else host_grad, dx, partial, dx, count, x.stride(0),
             tokens, STRIDES=part_strides(dy, dy2, y, y2), H=heads, I=chunk, C2=columns["W1"] if split is None else 0, BN=block_n, BI=block_i, **columns,
             HOST_GRAD=host_grad is not None, WEIGHT_GRAD=weight_grad, STORE_Z=False, UPCAST=interpreting(), num_warps=warps,
-            num_stages=stages, **({"maxnreg": maxnreg[0]} if maxnreg else {}),
+            num_stages=stages, **({"maxnreg": maxnreg[0]} if maxnreg else {}), **pdl(x),
         )
     # (without the weight gradient: zeros of its shape, which the caller drops)
     return dx, partial[0] if slabs == 1 else partial.sum(0)  # a fixed order: deterministic
@@ -322,10 +324,11 @@ def projection_backward(
 
 
 @triton.jit
-def split_weight_kernel(weight, w_hi, w_lo, scale, I, M, BI: tl.constexpr, BM: tl.constexpr):
+def split_weight_kernel(weight, w_hi, w_lo, scale, I, M, BI: tl.constexpr, BM: tl.constexpr, PDL: tl.constexpr = False):
     """Program (head, block of columns): each column's power-of-two scale (the smallest power
     of two >= its largest |entry|; 1 for a zero column), and the scaled column as a float16
     pair ``hi + lo``."""
+    await_predecessor(PDL)
     h, pm = tl.program_id(0), tl.program_id(1)
     mm = pm * BM + tl.arange(0, BM)
     mm_ok = mm < M
@@ -386,7 +389,7 @@ def forward_kernel(
     x, w_hi, w_lo, scale, y1, y2, inv_norm, x_cast, N, x_n, eps,
     H: tl.constexpr, I: tl.constexpr, M: tl.constexpr, W1: tl.constexpr, Y1W: tl.constexpr, Y2W: tl.constexpr,
     C2: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr, TWO: tl.constexpr,
-    CAST: tl.constexpr, UPCAST: tl.constexpr, NORM_BK: tl.constexpr, NORM_STAGES: tl.constexpr,
+    CAST: tl.constexpr, UPCAST: tl.constexpr, NORM_BK: tl.constexpr, NORM_STAGES: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (token block, head): ``r`` and ``y = (r·x) @ weight`` there, the products as
     float16 splits (module docstring): columns ``[0, W1)`` (a BM1 tile) into ``y1`` [N, H, Y1W]
@@ -394,6 +397,7 @@ def forward_kernel(
     x is read twice: for r (and, if CAST, its copy rounded to ``x_cast``'s dtype, [N, H, I])
     in chunks of NORM_BK inputs, software-pipelined over NORM_STAGES, then (from L2) for the
     products in chunks of BK."""
+    await_predecessor(PDL)
     pn, h = tl.program_id(0), tl.program_id(1)
     nn = pn * BN + tl.arange(0, BN)
     mn = nn < N
@@ -474,11 +478,12 @@ def _forward_op(
     # unsplit, the second tile's columns go to y as well, from its column W1
     second = dict(Y2W=width, C2=columns["W1"]) if split is None else dict(Y2W=width - split, C2=0)
     with on_device(x):
-        split_weight_kernel[(heads, triton.cdiv(width, 32))](weight, w_hi, w_lo, scale, chunk, width, BI=64, BM=32)
+        split_weight_kernel[(heads, triton.cdiv(width, 32))](weight, w_hi, w_lo, scale, chunk, width, BI=64, BM=32, **pdl(x))
         forward_kernel[(triton.cdiv(count, block_n), heads)](
             x, w_hi, w_lo, scale, y, y if split is None else y_rest, inv_norm, x_cast if cast is not None else y, count,
             x.stride(0), eps, H=heads, I=chunk, Y1W=first, **second, BN=block_n, BK=block_k, **columns,
             CAST=cast is not None, UPCAST=interpreting(), NORM_BK=norm_k, NORM_STAGES=norm_stages, num_warps=warps, num_stages=stages,
+            **pdl(x),
         )
     return y, y_rest, inv_norm, x_cast
 
