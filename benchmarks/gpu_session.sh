@@ -400,6 +400,10 @@ stage_pdlmodel() {  # gla-370m training and decoding, PDL on then off
   stage_gatemodel
   SROPE_PDL=0 run ${MODEL_LIMIT:-200} python benchmarks/bench_model.py --preset gla-370m --out $R/model_pdl_off_h200.json
 }
+stage_compilegdn() {  # Gated DeltaNet + Selective RoPE compiled whole on CUDA (after the warn_once fix of stop 24)
+  run ${COMPILE_LIMIT:-200} python benchmarks/check_compile.py --out $R/compile_cuda_gdn_h200.json --positions selective_rope \
+    --mixers gated_deltanet
+}
 
 pack() {  # after every stage, so that a call cut short still returns what finished
   find $R \( -name '*.xml' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' -not -path '*/model/*' \

@@ -185,12 +185,13 @@ def compile_and_graph_errors() -> dict:
 
 def _module_step(module, q, k, x, decode=True):
     """The layer's Selective RoPE forward and backward (GLA-370M generator, fused path) and
-    (``decode``), with no grad, a cached prefill and one fused decode step."""
-    for tensor in (q, k, x, *module.parameters()):
-        tensor.grad = None
+    (``decode``), with no grad, a cached prefill and one fused decode step. Gradients through
+    ``torch.autograd.grad`` (fresh tensors, nothing accumulated: capturable in a graph)."""
     q_rot, k_rot = module(q, k, x)[:2]
-    (q_rot.float().square().sum() + (k_rot.float() * q_rot.float()).sum()).backward()
-    outputs = [q_rot, k_rot, q.grad, k.grad, x.grad, *(p.grad for p in module.parameters() if p.grad is not None)]
+    loss = q_rot.float().square().sum() + (k_rot.float() * q_rot.float()).sum()
+    params = [p for p in module.parameters() if p.requires_grad]
+    outputs = [q_rot, k_rot, *torch.autograd.grad(loss, [q, k, x, *params], allow_unused=True)]
+    outputs = [t for t in outputs if t is not None]
     if not decode:
         return outputs
     with torch.no_grad():
