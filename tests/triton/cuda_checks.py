@@ -197,7 +197,7 @@ def _module_step(module, q, k, x):
     return [*outputs, q_step, k_step, state.phase]
 
 
-def programmatic_launch_mismatches() -> dict:
+def programmatic_launch_mismatches(capture_error_mode: str = "global") -> dict:
     """The same work with programmatic dependent launch off (``SROPE_PDL=0``) and on: the
     rotation op eagerly (GQA with offset and temperature gradient; packed) and in a
     CUDA-graph replay of its forward+backward, and the Selective RoPE module eagerly
@@ -243,7 +243,7 @@ def programmatic_launch_mismatches() -> dict:
                 graphed_op()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode=capture_error_mode):
             captured = graphed_op()
         graph.replay()
         torch.cuda.synchronize()
