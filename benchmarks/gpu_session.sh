@@ -392,6 +392,10 @@ stage_pdlop() {  # the rotation op and the decode step, PDL off then on
   SROPE_PDL=0 run ${OP_LIMIT:-150} python benchmarks/bench_op.py --only srope_triton,rope_srope --out $R/op_srope_pdl_off_h200.json
   run ${OP_LIMIT:-150} python benchmarks/bench_op.py --only srope_triton,rope_srope --out $R/op_srope_h200.json
 }
+stage_pdlop2() {  # a second run, PDL on then off
+  run ${OP_LIMIT:-150} python benchmarks/bench_op.py --only srope_triton,rope_srope --out $R/op_srope_run2_h200.json
+  SROPE_PDL=0 run ${OP_LIMIT:-150} python benchmarks/bench_op.py --only srope_triton,rope_srope --out $R/op_srope_pdl_off_run2_h200.json
+}
 stage_pdllayer() {  # the GLA layer with each PE, PDL off then on
   SROPE_PDL=0 run 150 python benchmarks/bench_layer.py --hosts gla --out $R/layer_gla_pdl_off_h200.json
   stage_gatelayer

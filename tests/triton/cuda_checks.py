@@ -197,12 +197,12 @@ def _module_step(module, q, k, x):
     return [*outputs, q_step, k_step, state.phase]
 
 
-def programmatic_launch_mismatches(capture_error_mode: str = "global") -> dict:
-    """The same work with programmatic dependent launch off (``SROPE_PDL=0``) and on: the
-    rotation op eagerly (GQA with offset and temperature gradient; packed) and in a
-    CUDA-graph replay of its forward+backward, and the Selective RoPE module eagerly
-    (projection, gate, rotation; cached prefill and decode step). Returns whether PDL was
-    in use and the worst relative error of each against PDL off (0: the same bits)."""
+def programmatic_launch_mismatches() -> dict:
+    """The same work with programmatic dependent launch off (``SROPE_PDL=0``) and on, eagerly:
+    the rotation op (GQA with offset and temperature gradient; packed) and the Selective RoPE
+    module (projection, gate, rotation; cached prefill and decode step). Returns whether PDL
+    was in use and the worst relative error with it on against off (0: the same bits). PDL
+    inside CUDA graphs is covered by :func:`compile_and_graph_errors` (which runs with it on)."""
     from srope.ops.triton import ops
 
     def rotation():
@@ -217,14 +217,6 @@ def programmatic_launch_mismatches(capture_error_mode: str = "global") -> dict:
     x = torch.randn(4, 513, 1024, device="cuda").requires_grad_()
     q = torch.randn(4, 513, 4, 128, device="cuda").requires_grad_()
     k = torch.randn(4, 513, 4, 128, device="cuda").requires_grad_()
-    inputs, _ = rotation_inputs((2, 1000, 4, 2, 64, 32, None), torch.bfloat16, seed=14)
-    static = [t.requires_grad_() for t in inputs]
-
-    def graphed_op():
-        """fwd+bwd of the op, as in :func:`compile_and_graph_errors`."""
-        q_rot, k_rot, _ = selective_rope(*static[:4], offset=static[4])
-        loss = (q_rot.float() * k_rot.float().repeat_interleave(2, dim=2)).sum()
-        return [q_rot, k_rot, *torch.autograd.grad(loss, static)]
 
     def everything():
         return [t.clone() for t in rotation() + _module_step(module, q, k, x)]
@@ -232,28 +224,13 @@ def programmatic_launch_mismatches(capture_error_mode: str = "global") -> dict:
     previous = os.environ.get(ops.PDL_ENV)
     try:
         os.environ[ops.PDL_ENV] = "0"
-        want, want_op = everything(), [t.clone() for t in graphed_op()]
+        want = everything()
         os.environ[ops.PDL_ENV] = "1"
         active = bool(ops.pdl(q))
-        eager = everything()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                graphed_op()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode=capture_error_mode):
-            captured = graphed_op()
-        graph.replay()
-        torch.cuda.synchronize()
+        got = everything()
     finally:
         if previous is None:
             os.environ.pop(ops.PDL_ENV, None)
         else:
             os.environ[ops.PDL_ENV] = previous
-    return {
-        "pdl_active": active,
-        "eager": max(rel_err(a, b) for a, b in zip(eager, want)),
-        "cuda_graph": max(rel_err(a, b) for a, b in zip(captured, want_op)),
-    }
+    return {"pdl_active": active, "eager": max(rel_err(a, b) for a, b in zip(got, want))}
