@@ -168,7 +168,7 @@ def main():
         return K.srope_bwd_kernel[grid](
             q, k, gq, gk, phi, temp, base, dq, dk, dangle, dtotal, dtotal,
             *ops._bth(q), *ops._bth(k), *ops._bth(gq), *ops._bth(gk), *ops._bth(dq), *ops._bth(dk), *ops._bth(phi), 0,
-            T, NT, B, *tbl, STORE_DANGLE=store, TEMP_GRAD=False, **common)
+            T, NT, B, *tbl, STORE_DANGLE=store, STORE_TOTAL=store, TEMP_GRAD=False, **common)
 
     for store in (True, False):
         c = ship_bwd(store)
@@ -182,7 +182,7 @@ def main():
         fnb = lambda extra=extra: K.srope_bwd_kernel[grid](  # noqa: E731
             q, k, gq, gk, phi, temp, base, dq, dk, dangle, dtotal, dtotal,
             *ops._bth(q), *ops._bth(k), *ops._bth(gq), *ops._bth(gk), *ops._bth(dq), *ops._bth(dk), *ops._bth(phi), 0,
-            T, NT, B, *tbl, STORE_DANGLE=True, TEMP_GRAD=False, **common, **extra)
+            T, NT, B, *tbl, STORE_DANGLE=True, STORE_TOTAL=True, TEMP_GRAD=False, **common, **extra)
         record(f"ship_bwd maxnreg={nreg}", fnb, floor_bytes["bwd"] + dangle.numel() * 4 - phi.numel() * 2, fnb())
 
     strides = (*ops._bth(q), *ops._bth(phi))

@@ -79,6 +79,18 @@ def test_forward_and_all_gradients_match_float64(shape, dtype, device):
         assert rel_err(leaf.grad, ref_leaf.grad) < tol, (name, rel_err(leaf.grad, ref_leaf.grad))
 
 
+@pytest.mark.parametrize("index", [5, 6], ids=IDS[5:7])
+def test_chunk_scans_in_several_steps(index, device, monkeypatch):
+    """The chunk scans walk a sequence's chunks BC at a time, loading the next step's before
+    scanning this one's; on the GPU a step holds up to 1024 chunks, here 4 (odd channel
+    blocks too), so that the walk takes several steps, the last one partial."""
+    monkeypatch.setattr(triton_ops, "_scan_tile", lambda chunks, block_r: {"BC": 4, "BRS": 2, "num_warps": 4})
+    out, ref, leaves, ref_leaves = run_both(SHAPES[index], torch.float32, device, seed=15)
+    assert rel_err(out[0], ref[0]) < 1e-4 and rel_err(out[1], ref[1]) < 1e-4 and rel_err(out[2], ref[2]) < 1e-13
+    for name, leaf, ref_leaf in zip(NAMES, leaves, ref_leaves):
+        assert rel_err(leaf.grad, ref_leaf.grad) < 1e-4, (name, rel_err(leaf.grad, ref_leaf.grad))
+
+
 @pytest.mark.parametrize("per_head", [False, True], ids=["shared-temperature", "per-head-temperature"])
 def test_without_offset_and_shared_temperature(per_head, device):
     shape = (2, 11, 4, 2, 8, 4, None, 4)
@@ -99,6 +111,26 @@ def test_gradients_only_for_inputs_that_need_them(device):
     ref[0].square().sum().backward()
     assert rel_err(q.grad, ref_q.grad) < 1e-4
     assert phi.grad is None and temperature.grad is None and offset.grad is None
+
+
+@pytest.mark.parametrize("wanted", ["offset", "temperature", "phi", "offset+temperature"])
+def test_each_parameter_gradient_alone(wanted, device):
+    """Gradients of the phase inputs one at a time, q and k constants: the backward's flags
+    select its work per gradient (the offset's gradient was once zero without phi's)."""
+    inputs, _ = make_inputs(SHAPES[3], 13, torch.float32, device)
+    names = wanted.split("+")
+    leaves = [x.clone().requires_grad_(name in names) for name, x in zip(NAMES, inputs)]
+    ref_leaves = [x.detach().double().requires_grad_(name in names) for name, x in zip(NAMES, inputs)]
+    out = selective_rope_triton(*leaves, block_t=8)
+    ref = reference.selective_rope(*ref_leaves)
+    weights = [randn(*x.shape, seed_gen=generator(14)).to(device) for x in ref[:2]]
+    sum((o * w.to(o.dtype)).sum() for o, w in zip(out[:2], weights)).backward()
+    sum((o * w).sum() for o, w in zip(ref[:2], weights)).backward()
+    for name, leaf, ref_leaf in zip(NAMES, leaves, ref_leaves):
+        if name in names:
+            assert rel_err(leaf.grad, ref_leaf.grad) < 1e-4, (name, rel_err(leaf.grad, ref_leaf.grad))
+        else:
+            assert leaf.grad is None, name
 
 
 @pytest.mark.parametrize("used", ["q", "k"])

@@ -20,9 +20,11 @@ Design (see ``ops.py`` for the launches):
   read twice (chunk sums, rotation).
 - Backward: (1) ``srope_bwd``: recompute the angles from φ and ``base``, inverse-rotate
   the output gradients into dq, dk and form ``dL/dangle`` per token, summed over the group;
-  store it (float32 scratch), its chunk totals, and the chunk's temperature partial
+  store it (a scratch in φ's dtype for bf16 φ, else float32 or float64), its chunk totals
+  (from the unrounded values, float64), and the chunk's temperature partial
   ``Σ_t dL/dangle_t · Φ_t`` (float64); (2) ``chunk_scan_bwd``: reverse exclusive scan of
-  the chunk totals per sequence (the suffix carried into each chunk), the offset gradient
+  the chunk totals per sequence (the suffix carried into each chunk; the chunks are
+  loaded one step ahead of the scan), the offset gradient
   ``Θ · Σ_t dL/dangle_t`` and the fixed-order sum of the temperature partials; (3)
   ``dphi``: ``Θ · (local reverse cumsum + carry)``. No atomics: bitwise deterministic.
 - Programmatic dependent launch (``PDL``, sm_90+, :func:`srope.ops.triton.ops.pdl`): every
@@ -303,13 +305,17 @@ def chunk_scan_fwd_kernel(
         carry = tl.load(offset + (n * Hk + hk) * R + rr, mask=mr, other=0.0).to(tl.float64)
     else:
         carry = tl.zeros([BRS], dtype=tl.float64)
-    for j in range(tl.cdiv(c1 - c0, BC)):
-        idx = c0 + j * BC + tl.arange(0, BC)
+    idx = c0 + tl.arange(0, BC)
+    x = tl.load(sums + (idx[:, None] * Hk + hk) * R + rr[None, :], mask=(idx < c1)[:, None] & mr[None, :], other=0.0)
+    for _ in range(tl.cdiv(c1 - c0, BC)):
+        # the next step's chunks are loaded before this step's scan: one memory latency per
+        # sequence instead of one per step (the last step's load is masked out)
+        after = idx + BC
+        x_next = tl.load(sums + (after[:, None] * Hk + hk) * R + rr[None, :], mask=(after < c1)[:, None] & mr[None, :], other=0.0)
         m = (idx < c1)[:, None] & mr[None, :]
-        ptr = (idx[:, None] * Hk + hk) * R + rr[None, :]
-        x = tl.load(sums + ptr, mask=m, other=0.0)
-        tl.store(base + ptr, carry[None, :] + (tl.cumsum(x, 0) - x), mask=m)
+        tl.store(base + (idx[:, None] * Hk + hk) * R + rr[None, :], carry[None, :] + (tl.cumsum(x, 0) - x), mask=m)
         carry += tl.sum(x, 0)
+        x, idx = x_next, after
     tl.store(final + (n * Hk + hk) * R + rr, carry, mask=mr)
 
 
@@ -355,10 +361,11 @@ def srope_bwd_kernel(
     Hk: tl.constexpr, G: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
     BT: tl.constexpr, ST: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
     VARLEN: tl.constexpr, F64: tl.constexpr, PRECISE: tl.constexpr, FAST: tl.constexpr,
-    STORE_DANGLE: tl.constexpr, TEMP_GRAD: tl.constexpr, PDL: tl.constexpr = False,
+    STORE_DANGLE: tl.constexpr, STORE_TOTAL: tl.constexpr, TEMP_GRAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """dq, dk of one chunk and key-head group; dL/dangle (scratch + chunk total) and the
-    chunk's temperature partial ``Σ_t dL/dangle_t · Φ_t``."""
+    """dq, dk of one chunk and key-head group; dL/dangle (the scratch, for dphi), its chunk
+    total (for dphi and the offset's gradient) and the chunk's temperature partial
+    ``Σ_t dL/dangle_t · Φ_t``."""
     await_predecessor(PDL)
     CD: tl.constexpr = tl.float64 if F64 else tl.float32
     SUB: tl.constexpr = min(ST, BT)
@@ -396,12 +403,13 @@ def srope_bwd_kernel(
             if STORE_DANGLE:
                 token = b * T + t
                 m = mt[:, None] & mr[None, :]
-                tl.store(dangle + (token[:, None] * Hk + hk) * R + rr[None, :], d_angle, mask=m)
+                tl.store(dangle + (token[:, None] * Hk + hk) * R + rr[None, :], _out(d_angle, dangle), mask=m)
+            if STORE_TOTAL:
                 total += tl.sum(d_angle, 0).to(tl.float64)  # a float32 tile sum (float64 when F64)
             if TEMP_GRAD:
                 part += tl.sum(d_angle.to(tl.float64) * (start[None, :] + local), 0)
         slot = (pid_c * Hk + hk) * R + rr
-        if STORE_DANGLE:
+        if STORE_TOTAL:
             tl.store(dtotal + slot, total, mask=mr)
         if TEMP_GRAD:
             tl.store(dtemp_part + slot, part, mask=mr)
@@ -414,25 +422,35 @@ def chunk_scan_bwd_kernel(
     CARRY: tl.constexpr, OFFSET_GRAD: tl.constexpr, TEMP_GRAD: tl.constexpr, VARLEN: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Per (sequence, key head, channel block), walking the chunks last to first: the
-    suffix of dL/dangle after each chunk (``carry_out``), ``doffset = Θ · Σ dL/dangle``
-    and the fixed-order sum of the temperature partials (``dtemp_seq``)."""
+    suffix of dL/dangle after each chunk (``carry_out``, with ``CARRY``), ``doffset = Θ ·
+    Σ dL/dangle`` and the fixed-order sum of the temperature partials (``dtemp_seq``)."""
     await_predecessor(PDL)
+    TOTAL: tl.constexpr = CARRY or OFFSET_GRAD
     n, hk, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rr = rb * BRS + tl.arange(0, BRS)
     mr = rr < R
     c0, c1 = _chunk_range(n, NT, cu_chunks, VARLEN)
     carry = tl.zeros([BRS], dtype=tl.float64)
     acc = tl.zeros([BRS], dtype=tl.float64)
-    for j in range(tl.cdiv(c1 - c0, BC)):
-        idx = c1 - (j + 1) * BC + tl.arange(0, BC)
-        m = (idx >= c0)[:, None] & mr[None, :]
-        ptr = (idx[:, None] * Hk + hk) * R + rr[None, :]
+    idx = c1 - BC + tl.arange(0, BC)
+    ptr = (idx[:, None] * Hk + hk) * R + rr[None, :]
+    m = (idx >= c0)[:, None] & mr[None, :]
+    x = tl.load(dtotal + ptr, mask=m & TOTAL, other=0.0)
+    part = tl.load(dtemp_part + ptr, mask=m & TEMP_GRAD, other=0.0)
+    for _ in range(tl.cdiv(c1 - c0, BC)):
+        # loads one step ahead, as in chunk_scan_fwd_kernel
+        before = idx - BC
+        ptr_next = (before[:, None] * Hk + hk) * R + rr[None, :]
+        m_next = (before >= c0)[:, None] & mr[None, :]
+        x_next = tl.load(dtotal + ptr_next, mask=m_next & TOTAL, other=0.0)
+        part_next = tl.load(dtemp_part + ptr_next, mask=m_next & TEMP_GRAD, other=0.0)
         if CARRY:
-            x = tl.load(dtotal + ptr, mask=m, other=0.0)
             tl.store(carry_out + ptr, carry[None, :] + (tl.cumsum(x, 0, reverse=True) - x), mask=m)
+        if TOTAL:
             carry += tl.sum(x, 0)
         if TEMP_GRAD:
-            acc += tl.sum(tl.load(dtemp_part + ptr, mask=m, other=0.0), 0)
+            acc += tl.sum(part, 0)
+        x, part, idx, ptr, m = x_next, part_next, before, ptr_next, m_next
     out = (n * Hk + hk) * R + rr
     if OFFSET_GRAD:
         theta = tl.load(temp + hk * temp_h + rr, mask=mr, other=0.0).to(tl.float64)
@@ -449,13 +467,16 @@ def dphi_kernel(
 ):
     """``dφ_t = Θ · Σ_{s ≥ t, same sequence} dL/dangle_s`` for ``CPP`` chunks and ``HPP`` key
     heads at once: each chunk's tokens last to first, a running suffix (float32 unless
-    float64) plus the float64 carry from later chunks rounded to float32 once."""
+    float64) plus the float64 carry from later chunks rounded to float32 once. (A tile of
+    16 tokens loaded at once, the suffix summed within each thread, was slower: 0.019 ms
+    against 0.017 at 8x4096x4x128 and 0.080-0.091 against 0.058 at 16x4096x16x64 on the
+    H200, stop 26; it needed 141-215 registers against 38.)"""
     await_predecessor(PDL)
     slots, b, t0, t_end, valid, h, r, mc, slot_ch, ms = _light_block(
         tl.program_id(0), tl.program_id(1), S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk, R, BT, CPP, HPP, BR, VARLEN)
     after = tl.load(carry + slot_ch, mask=ms & valid[:, None], other=0.0)
     theta = tl.load(temp + h * temp_h + r, mask=mc, other=0.0)
-    CD: tl.constexpr = dangle.dtype.element_ty
+    CD: tl.constexpr = tl.float64 if dangle.dtype.element_ty == tl.float64 else tl.float32
     after, theta = after.to(CD), theta.to(CD)[None, :]
     rows = dangle + (b[:, None] * T * Hk + h[None, :]) * R + r[None, :]
     out = dphi + b[:, None] * d_b + (h * d_h + r)[None, :]
@@ -464,7 +485,7 @@ def dphi_kernel(
         for i in tl.static_range(min(BT, LIGHT_UNROLL)):
             t = t0 + (BT - 1 - step - i)
             m = (valid & (t < t_end))[:, None] & mc[None, :]
-            suffix += tl.load(rows + t[:, None] * (Hk * R), mask=m, other=0.0)
+            suffix += tl.load(rows + t[:, None] * (Hk * R), mask=m, other=0.0).to(CD)
             tl.store(out + t[:, None] * d_t, _out(theta * (suffix + after), dphi), mask=m)
 
 

@@ -295,14 +295,19 @@ def selective_rope_bwd(
     meta = _selective_meta(q, k, pairs, block_t, phi, temperature)
     table = (cu_seqlens, chunk_seq, cu_chunks) if varlen else (base, base, base)
     temp_h = pairs if temperature.dim() == 2 else 0
-    need_dangle = phi_grad or offset_grad
-    scratch_dtype = torch.float64 if meta["F64"] else torch.float32
+    need_total = phi_grad or offset_grad
+    # dL/dangle per token, for dphi; for a bf16 phi in bf16: its gradient is rounded to bf16
+    # anyway (relative error 1.6-1.7e-3 -> 1.7-1.8e-3 against float64) and the scratch's
+    # round trip takes half the bytes (H200: dphi 0.017 -> 0.013 ms at 8x4096x4x128). A
+    # float32 phi keeps a float32 scratch (a bf16 one took its error from ~3e-7 to ~4e-4).
+    # The chunk totals that carry it across chunks are summed unrounded, in float64.
+    scratch_dtype = torch.float64 if meta["F64"] else torch.bfloat16 if phi.dtype == torch.bfloat16 else torch.float32
 
     def buffer(shape, needed: bool, dtype=torch.float64) -> torch.Tensor:
         return torch.empty(shape if needed else (0,), dtype=dtype, device=q.device)  # never aliased
 
-    dangle = buffer((batch * length, key_heads, pairs), need_dangle, scratch_dtype)
-    dtotal = buffer((slots, key_heads, pairs), need_dangle)
+    dangle = buffer((batch * length, key_heads, pairs), phi_grad, scratch_dtype)
+    dtotal = buffer((slots, key_heads, pairs), need_total)
     dtemp_part = buffer((slots, key_heads, pairs), temperature_grad)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -311,12 +316,12 @@ def selective_rope_bwd(
             q, k, dq_out, dk_out, phi, temperature, base, dq, dk, dangle, dtotal, dtemp_part,
             *_bth(q), *_bth(k), *_bth(dq_out), *_bth(dk_out), *_bth(dq), *_bth(dk), *_bth(phi), temp_h,
             length, per_row, count, *table, Hk=key_heads, VARLEN=varlen,
-            STORE_DANGLE=need_dangle, TEMP_GRAD=temperature_grad, **meta, **pdl(q),
+            STORE_DANGLE=phi_grad, STORE_TOTAL=need_total, TEMP_GRAD=temperature_grad, **meta, **pdl(q),
         )
     carry = buffer((slots, key_heads, pairs), phi_grad)
     doffset = buffer((count, key_heads, pairs), offset_grad)
     dtemp_seq = buffer((count, key_heads, pairs), temperature_grad)
-    if need_dangle or temperature_grad:
+    if need_total or temperature_grad:
         scan = _scan_tile(per_row, meta["BR"])
         kernels.chunk_scan_bwd_kernel[(count, key_heads, triton.cdiv(pairs, scan["BRS"]))](
             dtotal, dtemp_part, carry, temperature, doffset, dtemp_seq, temp_h, per_row, table[2],
