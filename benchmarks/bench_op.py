@@ -15,10 +15,12 @@ minimal HBM traffic over 4.25e12 B/s (the H200's device-to-device copy rate):
     fixed RoPE      forward : read q, k; write q, k           = 4·BTHD·e
                     backward: read dq', dk'; write dq, dk     = 4·BTHD·e
 
-(e = 2 bytes for bf16; phi in bf16, the dtype the module produces for a bf16 model; R = D/2;
-H = Hk). ``impl_bytes`` adds what our kernels move on top: the forward reads phi twice
-(chunk sums, then the rotation) and the backward writes and reads a float32 dL/dangle
-scratch (2·BTHR·4), plus per-chunk float64 vectors.
+(e = 2 bytes for bf16; R = D/2; H = Hk). phi is bf16 like q and k (e_phi = 2), except in
+``srope_triton_phi32``: float32 phi (e_phi = 4), what the module's generator produces for
+a bf16 or autocast model, since it computes phases in float32. ``impl_bytes`` adds what our
+kernels move on top: the forward reads phi twice (chunk sums, then the rotation) and the
+backward writes and reads a dL/dangle scratch (2·BTHR·e_phi: bf16 for a bf16 phi, else
+float32), plus per-chunk float64 vectors.
 
 Usage (repository root, GPU machine):
 
@@ -55,7 +57,7 @@ from srope.ops import reference, rope, selective_rope
 SHAPES = [(8, 4096, 4, 128), (1, 65536, 4, 128), (16, 4096, 16, 64), (1, 4096, 4, 128)]
 DRY_SHAPES = [(2, 24, 2, 8), (1, 40, 1, 8)]
 DECODE_BATCHES = (1, 8, 32)
-IMPLS = ("srope_triton", "srope_torch", "srope_compile", "rope_fla", "rope_srope")
+IMPLS = ("srope_triton", "srope_triton_phi32", "srope_torch", "srope_compile", "rope_fla", "rope_srope")
 THETA = 500000.0
 
 
@@ -63,8 +65,9 @@ class Skip(Exception):
     """An implementation that cannot run here (the reason is recorded)."""
 
 
-def traffic(shape, impl: str, elt: int = 2, phi_elt: int = 2) -> dict:
+def traffic(shape, impl: str, elt: int = 2) -> dict:
     batch, length, heads, dim = shape
+    phi_elt = 4 if impl == "srope_triton_phi32" else 2
     big, small = batch * length * heads * dim * elt, batch * length * heads * (dim // 2) * phi_elt
     if impl.startswith("rope"):
         fwd, bwd = 4 * big, 4 * big
@@ -72,7 +75,7 @@ def traffic(shape, impl: str, elt: int = 2, phi_elt: int = 2) -> dict:
         fwd, bwd = 4 * big + small, 6 * big + 2 * small
     out = {"fwd_bytes": fwd, "bwd_bytes": bwd, "floor_ms": (fwd + bwd) / HBM_BYTES_PER_S * 1e3}
     if impl.startswith("srope_triton"):
-        out["impl_bytes"] = fwd + bwd + small + 2 * batch * length * heads * (dim // 2) * 4
+        out["impl_bytes"] = fwd + bwd + 3 * small
     return out
 
 
@@ -87,9 +90,10 @@ def make_impl(impl: str, shape, dtype, device, block_t=None):
     q, k = randn(batch, length, heads, dim), randn(batch, length, heads, dim)
     temperature = reference.rope_inverse_frequencies(dim, THETA).to(device, torch.float32)
     if impl.startswith("srope"):
-        phi = (torch.rand(batch, length, heads, pairs, generator=g) * 2).to(device, dtype)
+        phi_dtype = torch.float32 if impl == "srope_triton_phi32" else dtype
+        phi = (torch.rand(batch, length, heads, pairs, generator=g) * 2).to(device, phi_dtype)
         leaves = [x.requires_grad_() for x in (q, k, phi)]
-        if impl == "srope_triton":
+        if impl.startswith("srope_triton"):
             if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
                 raise Skip("Triton on the CPU needs TRITON_INTERPRET=1")
             if block_t is None:

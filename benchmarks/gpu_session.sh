@@ -409,6 +409,26 @@ stage_compilegdn() {  # Gated DeltaNet + Selective RoPE compiled whole on CUDA (
     --mixers gated_deltanet
 }
 
+stage_stop26() {  # the final code of stop 26 (bf16 dL/dangle scratch for a bf16 phi, the scans load one step
+  # ahead, the offset's gradient without phi's): checks, GPU tests, the whole op benchmark, the light kernels'
+  # tiles (and the chunk sums without maxnreg), the scans' tiles at 1x65536
+  run 150 python benchmarks/check_cuda_rotary.py --out $R/rotary_checks_h200.json
+  run 200 python -m pytest tests/triton tests/ops/test_conv.py -m gpu -q -p no:cacheprovider --junitxml=$R/pytest_gpu_h200.xml
+  run ${OP_LIMIT:-300} python benchmarks/bench_op.py --out $R/op_h200.json
+  run 100 python benchmarks/tune_rotation.py --light-only --shapes 0,1,2 --out $R/tune_rotation_light_h200.json --budget-s 80
+  run 100 python benchmarks/tune_rotation.py --scan-only --shapes 1 --out $R/tune_rotation_scan_h200.json --budget-s 80
+}
+stage_baseline() {  # the op benchmark of an earlier commit in the same call, for ratios against it: here first
+  # `mkdir .old && git archive REV src benchmarks tests | tar -x -C .old` and carry .old (stop 26: REV e1b4962,
+  # its output kept as op_srope_stop25_code_h200.json)
+  (cd .old && PYTHONPATH=/tmp/site:$PWD/src:$PWD run 150 python benchmarks/bench_op.py --only srope_triton --skip-decode \
+    --out ../$R/op_srope_baseline_h200.json)
+}
+stage_stop26b() {  # the GPU tests of the final code (the first try's run did not come back), a second op run
+  run 240 python -m pytest tests/triton -m gpu -q -p no:cacheprovider --junitxml=$R/pytest_gpu_h200.xml 2>&1 | tee $R/pytest_gpu_h200.log
+  run 120 python benchmarks/bench_op.py --only srope_triton,rope_srope --skip-decode --out $R/op_srope_run2_h200.json
+}
+
 pack() {  # after every stage, so that a call cut short still returns what finished
   find $R \( -name '*.xml' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' -not -path '*/model/*' \
     | tar czf "$OUT/results.tgz" -T -

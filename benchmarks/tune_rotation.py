@@ -5,7 +5,7 @@ mean of 5 calls after a warm-up) per configuration and every kernel's time recor
 the HBM rate its own bytes imply. Swept separately, since a kernel's time does not depend
 on the other kernels' tiles: the rotation kernels' chunk length, sub-tile and warps (and
 the float32 in-tile scan against the float64 one), the light kernels' chunks per program
-and warps, the chunk scans' steps and channels per program (``--scan-only``), and the
+and warps (and the chunk sums without ``maxnreg``), the chunk scans' steps and channels per program (``--scan-only``), and the
 backward without the phi gradient (no dL/dangle scratch). Our RoPE
 kernels give the same-bytes reference. Results: JSON (``--out``), written as they come.
 
@@ -54,7 +54,7 @@ def main() -> None:
 
     start = time.perf_counter()
     report = {"environment": environment(), "runs": []}
-    defaults = {name: getattr(ops, name) for name in ("_tile", "_light_tile", "_scan_tile", "FAST_SCAN_DTYPES")}
+    defaults = {name: getattr(ops, name) for name in ("_tile", "_light_tile", "_scan_tile", "FAST_SCAN_DTYPES", "NO_SPILL")}
 
     sweeps = []
     for index in (int(i) for i in args.shapes.split(",")):
@@ -70,7 +70,7 @@ def main() -> None:
         inv_freq = reference.rope_inverse_frequencies(dim, THETA).cuda()
         default = ops.default_block_t(batch, length, heads, pairs)
 
-        def measure(kind, block_t, *, tile=None, light=None, scan=None, fast=True, phi_grad=True,
+        def measure(kind, block_t, *, tile=None, light=None, scan=None, maxnreg=True, fast=True, phi_grad=True,
                     shape=shape, q=q, k=k, phi=phi, temperature=temperature, grads=grads, positions=positions, inv_freq=inv_freq):
             if time.perf_counter() - start > args.budget_s:
                 return
@@ -82,6 +82,8 @@ def main() -> None:
                 ops._light_tile = lambda *_shape: {"HPP": light[0], "CPP": light[1], "num_warps": light[2]}
             if scan:
                 ops._scan_tile = lambda *_shape: {"BC": scan[0], "BRS": scan[1], "num_warps": scan[2]}
+            if not maxnreg:
+                ops.NO_SPILL = {}
             if not fast:
                 ops.FAST_SCAN_DTYPES = ()
             leaves = (q, k, phi) if phi_grad else (q, k)
@@ -90,15 +92,16 @@ def main() -> None:
             else:
                 fn = lambda: torch.autograd.grad(  # noqa: E731
                     ops.selective_rope_triton(q, k, phi if phi_grad else phi.detach(), temperature, block_t=block_t)[:2], leaves, grads)
-            row = {"shape": shape, "kind": kind, "block_t": block_t, "tile": tile, "light": light, "scan": scan, "fast": fast,
-                   "phi_grad": phi_grad}
+            row = {"shape": shape, "kind": kind, "block_t": block_t, "tile": tile, "light": light, "scan": scan,
+                   "chunk_sum_maxnreg": maxnreg, "fast": fast, "phi_grad": phi_grad}
             try:
                 row["kernels"] = profile_kernels(fn)
             except Exception as error:  # noqa: BLE001 - e.g. out of resources for one config
                 row["error"] = repr(error)[:300]
             report["runs"].append(row)
             times = {n: t for n, t in row.get("kernels", {}).items() if "Fill" not in n}
-            print(f"[{time.perf_counter() - start:4.0f}s] {shape} {kind} bt {block_t} tile {tile} light {light} scan {scan} fast {fast} "
+            print(f"[{time.perf_counter() - start:4.0f}s] {shape} {kind} bt {block_t} tile {tile} light {light} scan {scan} "
+                  f"maxnreg {maxnreg} fast {fast} "
                   f"phi_grad {phi_grad}: " + " ".join(f"{n.replace('_kernel', '')} {t:.4f}" for n, t in times.items())
                   + f" total {sum(row.get('kernels', {}).values()):.4f} {row.get('error', '')}", flush=True)
             write_json(args.out, report)
@@ -124,6 +127,7 @@ def main() -> None:
             (4, 2, 4), (4, 4, 4), (4, 4, 8), (4, 8, 8), (4, 16, 8), (16, 1, 4), (16, 1, 8), (16, 2, 8), (16, 4, 8))}
         for light in sorted(lights):
             sweeps.append(functools.partial(measure, "srope", default, light=light))
+        sweeps.append(functools.partial(measure, "srope", default, maxnreg=False))
     for sweep in sweeps:
         sweep()
     write_json(args.out, report)
