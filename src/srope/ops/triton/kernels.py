@@ -21,7 +21,7 @@ Design (see ``ops.py`` for the launches):
 - Backward: (1) ``srope_bwd``: recompute the angles from φ and ``base``, inverse-rotate
   the output gradients into dq, dk and form ``dL/dangle`` per token, summed over the group;
   store it (a scratch in φ's dtype for bf16 φ, else float32 or float64), its chunk totals
-  (from the unrounded values, float64), and the chunk's temperature partial
+  (tile sums of the unrounded values, kept in float64), and the chunk's temperature partial
   ``Σ_t dL/dangle_t · Φ_t`` (float64); (2) ``chunk_scan_bwd``: reverse exclusive scan of
   the chunk totals per sequence (the suffix carried into each chunk; the chunks are
   loaded one step ahead of the scan), the offset gradient
