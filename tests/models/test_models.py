@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-import srope  # noqa: F401  (registers the Auto classes)
+import srope.models  # noqa: F401  (registers the Auto classes)
 from srope.layers import GatedLinearAttention
 from srope.models import PRESETS, SRopeConfig, SRopeForCausalLM, preset_config
 from srope.models.modeling import CACHE_FIELD

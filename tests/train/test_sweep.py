@@ -12,7 +12,8 @@ import pytest
 
 import srope.train.sweep as sweep_module
 from srope.train.data import prepare_corpus
-from srope.train.sweep import PAPER_LRS, add_sweep_command, choose, parse_lrs, run_dir_name, sweep_lr
+from srope.cli import build_parser
+from srope.train.sweep import PAPER_LRS, choose, parse_lrs, run_dir_name, sweep_lr
 from srope.train.trainer import TrainConfig, train
 from tests.train.conftest import make_text
 
@@ -34,9 +35,7 @@ def _final(run: Path) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="srope")
-    add_sweep_command(parser.add_subparsers(dest="command"))
-    return parser
+    return build_parser()
 
 
 def test_sweep_command_selects_the_lowest_val_ppl_and_records_divergence(store, tmp_path, capsys):

@@ -6,12 +6,15 @@ extrapolation) and ``state_tracking`` (group word problems: S2 parity, A3, S3, S
 
 ``run_synthetic(task, model_factory, out=..., overrides=...)`` trains and evaluates one model
 configuration with the task's protocol; ``report(dirs)`` compares result folders.
+Attributes import their module on first use (``srope --help`` stays fast).
 """
 
-from srope.tasks.common import ModelRequest, apply_overrides, default_cache_dir, parse_lengths, parse_overrides
-from srope.tasks.runner import TASKS, get_task, report, resolve_preset, run_synthetic
+from srope._lazy import lazy_exports
 
-__all__ = [
-    "TASKS", "ModelRequest", "apply_overrides", "default_cache_dir", "get_task", "parse_lengths", "parse_overrides", "report",
-    "resolve_preset", "run_synthetic",
-]
+_EXPORTS = {
+    **{name: "srope.tasks.common" for name in ("ModelRequest", "apply_overrides", "default_cache_dir", "parse_lengths", "parse_overrides")},
+    **{name: "srope.tasks.runner" for name in ("TASKS", "get_task", "report", "resolve_preset", "run_synthetic")},
+}
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
+
+__all__ = sorted(_EXPORTS)

@@ -54,7 +54,7 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
 
     if args.task == "report":
         if not args.dirs:
-            raise SystemExit("srope synth report: give at least one result folder")
+            raise ValueError("srope synth report: give at least one result folder")
         text = report(args.dirs)
         if args.out:
             Path(args.out).write_text(text)
@@ -63,12 +63,9 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
             print(text)
         return 0
     if args.dirs:
-        raise SystemExit(f"srope synth {args.task}: unexpected arguments {args.dirs}")
-    try:
-        overrides = synth_overrides(args)
-        cfg = resolve_preset(args.task, args.preset, overrides)
-    except ValueError as err:
-        raise SystemExit(f"srope synth {args.task}: {err}") from None
+        raise ValueError(f"unexpected arguments {args.dirs} (only `srope synth report` takes folders)")
+    overrides = synth_overrides(args)
+    cfg = resolve_preset(args.task, args.preset, overrides)
     if args.dry_run:
         settings = get_task(args.task).settings(cfg)
         print(json.dumps(preset_dict(cfg), indent=1))
@@ -77,7 +74,7 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
             print(f"  {s.name}  (vocab {s.vocab_size}, length {s.max_len})")
         return 0
     if not args.out:
-        raise SystemExit("srope synth: --out DIR is required")
+        raise ValueError("--out DIR is required")
     cache = None if args.cache_dir in ("", "none") else args.cache_dir
     results = run_synthetic(args.task, model_factory, out=args.out, overrides=overrides, preset=args.preset, device=args.device,
                             cache_dir=cache, label=args.label, progress=not args.no_progress)

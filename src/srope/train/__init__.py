@@ -1,41 +1,19 @@
-"""Language-model pre-training: data (sources, tokenizer, packing, order) and, later, the trainer."""
+"""Language-model pre-training: data (sources, tokenizer, packing, order), the trainer, the
+learning-rate sweep. Attributes import their module on first use (``srope --help`` stays fast)."""
 
-from srope.train.corpus import ChecksumError, Document, TextSource, cache_dir, prepare_shakespeare, resolve_source
-from srope.train.data import (
-    IGNORE_INDEX,
-    Batch,
-    Corpus,
-    PackedBatches,
-    TokenStore,
-    eval_batches,
-    flatten_packed,
-    load_corpus,
-    make_batch,
-    open_store,
-    prepare_corpus,
-)
-from srope.train.tokenizer import MISTRAL_V1, load_tokenizer, prepare_mistral_tokenizer, sentencepiece_to_hf
+from srope._lazy import lazy_exports
 
-__all__ = [
-    "IGNORE_INDEX",
-    "MISTRAL_V1",
-    "Batch",
-    "ChecksumError",
-    "Corpus",
-    "Document",
-    "PackedBatches",
-    "TextSource",
-    "TokenStore",
-    "cache_dir",
-    "eval_batches",
-    "flatten_packed",
-    "load_corpus",
-    "load_tokenizer",
-    "make_batch",
-    "open_store",
-    "prepare_corpus",
-    "prepare_mistral_tokenizer",
-    "prepare_shakespeare",
-    "resolve_source",
-    "sentencepiece_to_hf",
-]
+_EXPORTS = {
+    **{name: "srope.train.corpus" for name in ("ChecksumError", "Document", "TextSource", "cache_dir", "prepare_shakespeare", "resolve_source")},
+    **{
+        name: "srope.train.data"
+        for name in (
+            "IGNORE_INDEX", "Batch", "Corpus", "PackedBatches", "TokenStore", "eval_batches", "flatten_packed", "load_corpus",
+            "make_batch", "open_store", "prepare_corpus",
+        )
+    },
+    **{name: "srope.train.tokenizer" for name in ("MISTRAL_V1", "load_tokenizer", "prepare_mistral_tokenizer", "sentencepiece_to_hf")},
+}  # fmt: skip
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
+
+__all__ = sorted(_EXPORTS)

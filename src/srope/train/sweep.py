@@ -200,25 +200,6 @@ def format_table(summary: dict) -> str:
 # --------------------------------------------------------------------------- CLI
 
 
-def add_sweep_command(commands: argparse._SubParsersAction) -> None:
-    """Register ``srope sweep-lr`` on the ``srope`` command's subparsers."""
-    sweep = commands.add_parser(
-        "sweep-lr",
-        help="the paper's learning-rate grid for one configuration, selected by held-out perplexity",
-        description="One `srope train` run per learning rate into OUT/lr_<value>/, then OUT/sweep.json and OUT/sweep.png. "
-        "Run it again with the same arguments to resume: finished and diverged runs are skipped.",
-    )
-    sweep.add_argument("--preset", required=True, help="model preset (see `srope models`)")
-    sweep.add_argument("--position", default="selective_rope", help="nope | rope | selective_rope (options via --set position.KEY=VALUE)")
-    sweep.add_argument("--data", default="shakespeare", help="shakespeare | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a token store")
-    sweep.add_argument("--cache", default=None, help="data cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
-    sweep.add_argument("--max-steps", type=int, required=True, help="optimiser steps of every run")
-    sweep.add_argument("--out", required=True, help="sweep folder")
-    sweep.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in PAPER_LRS), help="comma-separated peak learning rates (default: the paper's grid %(default)s)")
-    sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a TrainConfig field, model.FIELD or position.OPTION (repeatable; not lr)")
-    sweep.set_defaults(func=run_sweep_command)
-
-
 def run_sweep_command(args: argparse.Namespace) -> int:
     config = TrainConfig(preset=args.preset, position=args.position, data=args.data, max_steps=args.max_steps, cache=args.cache)
     overrides = args.set or []
