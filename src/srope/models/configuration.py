@@ -28,13 +28,18 @@ def _hf_config_keys() -> set[str]:
     return keys | {"name_or_path", "torch_dtype", "dtype", "auto_map", "_name_or_path", "_attn_implementation", "_commit_hash", "output_attentions", "use_return_dict", "model_type", "transformers_version", "architectures", "kwargs", "self"}
 
 
+def position_class(kind: Any) -> type:
+    """The module class of position type ``kind`` ("nope", "rope" or "selective_rope")."""
+    if kind not in POSITION_TYPES:
+        raise ValueError(f"position type must be one of {POSITION_TYPES}, got {kind!r}")
+    return _POSITION_CLASSES[kind]
+
+
 def check_position(position: Any) -> dict[str, Any]:
     """Normalise a position config to a dict and check its type and keys."""
     spec = {"type": "nope"} if position is None else {"type": position} if isinstance(position, str) else dict(position)
     kind = spec.get("type")
-    if kind not in POSITION_TYPES:
-        raise ValueError(f"position['type'] must be one of {POSITION_TYPES}, got {kind!r}")
-    allowed = set(inspect.signature(_POSITION_CLASSES[kind].__init__).parameters) - _SIZE_ARGS
+    allowed = set(inspect.signature(position_class(kind).__init__).parameters) - _SIZE_ARGS
     unknown = sorted(set(spec) - allowed - {"type"})
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for position type {kind!r}; allowed: {sorted(allowed)}")

@@ -11,7 +11,6 @@ import hashlib
 import json
 import math
 import os
-import types
 import typing
 import zlib
 from collections.abc import Callable, Iterator
@@ -21,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from srope.overrides import coerce, parse_literal
 
 IGNORE = -100
 CACHE_ENV = "SROPE_CACHE"
@@ -94,72 +95,6 @@ def check_train_config(cfg: TrainConfig, auto_batch: bool = False) -> None:
         raise ValueError(f"warmup is a fraction of the steps in [0, 1), got {cfg.warmup}")
 
 
-def _parse_bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected a boolean (true/false), got {text!r}")
-
-
-def _parse_literal(text: str) -> Any:
-    """A JSON literal when ``text`` is one (numbers, true/false/null, lists), else the string."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        low = text.strip().lower()
-        if low in ("true", "false"):
-            return low == "true"
-        if low in ("none", "null"):
-            return None
-        return text
-
-
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """Convert ``value`` (often a CLI string) to the field's annotated type."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        if value is None or isinstance(value, str) and value.strip().lower() in ("none", "null"):
-            if type(None) in args:
-                return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], key)
-    if origin in (tuple, list):
-        if isinstance(value, str):
-            text = value.strip()
-            value = json.loads(text) if text.startswith("[") else [v for v in text.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        elem = args[0] if args else str
-        if origin is tuple and len(args) == 2 and args[1] is not Ellipsis:  # fixed pair, e.g. betas
-            if len(value) != 2:
-                raise ValueError(f"--set {key}: expected 2 values, got {list(value)}")
-            return tuple(_coerce(v, a, key) for v, a in zip(value, args))
-        items = [_coerce(v, elem, key) for v in value]
-        return tuple(items) if origin is tuple else items
-    if annotation is bool:
-        return value if isinstance(value, bool) else _parse_bool(str(value))
-    if annotation is int:
-        if isinstance(value, bool):
-            raise ValueError(f"--set {key}: expected an integer, got {value!r}")
-        number = float(value) if isinstance(value, str) else value
-        if isinstance(number, float) and not number.is_integer():
-            raise ValueError(f"--set {key}: expected an integer, got {value!r}")
-        return int(number)
-    if annotation is float:
-        return float(value)
-    if annotation is str:
-        return str(value)
-    if annotation is dict:
-        if isinstance(value, str):
-            value = json.loads(value)
-        if not isinstance(value, dict):
-            raise ValueError(f"--set {key}: expected a JSON object, got {value!r}")
-        return dict(value)
-    return value
-
-
 def apply_overrides(preset: Any, overrides: dict[str, Any] | None) -> Any:
     """A copy of the dataclass ``preset`` with ``overrides`` applied (``{"lrs": "1e-3,5e-4"}``).
 
@@ -178,12 +113,12 @@ def apply_overrides(preset: Any, overrides: dict[str, Any] | None) -> Any:
     for key, value in overrides.items():
         head, dot, rest = key.partition(".")
         if dot and head in ("model", "position") and rest:
-            nested.setdefault(head, {})[rest] = _parse_literal(value) if isinstance(value, str) else value
+            nested.setdefault(head, {})[rest] = parse_literal(value) if isinstance(value, str) else value
             continue
         if key not in hints or key not in names:
             raise ValueError(f"unknown setting {key!r} for {type(preset).__name__}; valid: {', '.join(sorted(names))}, model.KEY, position.KEY")
         try:
-            changes[key] = _coerce(value, hints[key], key)
+            changes[key] = coerce(value, hints[key], key)
         except (TypeError, ValueError, json.JSONDecodeError) as err:
             raise ValueError(f"--set {key}={value!r}: {err}") from None
     if "model" in nested:

@@ -2,10 +2,16 @@
 
 ``DIR/checkpoints/step_{N:08d}/`` holds the model weights (``model.safetensors``, full,
 unsharded), the optimiser state (``optimizer.pt``, full, keyed by parameter name),
-``trainer_state.json`` (step, data position, config) and every rank's RNG states. A
-checkpoint is written into a ``.tmp`` folder and renamed when complete, so the latest
-complete checkpoint survives a kill at any moment. Full state dicts come from
-``torch.distributed.checkpoint.state_dict`` and so work for one process, DDP and FSDP2.
+``trainer_state.json`` (step, data position, config) and every rank's RNG states
+(``rng_rank{R}.safetensors`` + ``.json``). A checkpoint is written into a ``.tmp`` folder and
+renamed when complete, so the latest complete checkpoint survives a kill at any moment.
+Full state dicts come from ``torch.distributed.checkpoint.state_dict`` and so work for one
+process, DDP and FSDP2.
+
+Nothing is unpickled on load: ``optimizer.pt`` holds only tensors and plain values and is
+read with ``torch.load(weights_only=True)``, the rest is safetensors and JSON. A file that
+cannot be read (truncated, tampered with, or not written by srope) raises
+:class:`CheckpointError` naming it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,23 @@ from srope.train.distributed import World
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file is missing or unreadable."""
+
+
+def _read(path: Path, what: str, reader):
+    """``reader(path)``, with any failure reported as a CheckpointError that names the file."""
+    try:
+        return reader(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: the checkpoint's {what} is missing; resume from another checkpoint or start again") from None
+    except Exception as error:  # safetensors, torch.load and json each fail their own way on a bad file
+        raise CheckpointError(
+            f"{path}: cannot read the checkpoint's {what} ({type(error).__name__}: {' '.join(str(error).split())[:200]}); "
+            "the file is truncated, was changed, or was not written by srope train"
+        ) from error
+
+
 def checkpoint_dir(out: Path, step: int) -> Path:
     return Path(out) / "checkpoints" / f"step_{step:08d}"
 
@@ -37,19 +60,35 @@ def latest_checkpoint(out: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+def _save_rng_state(stem: Path) -> None:
+    """This process's RNG states as ``stem.safetensors`` (tensors) and ``stem.json`` (the rest)."""
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    version, python_state, gauss_next = random.getstate()
+    tensors = {"torch": torch.get_rng_state(), "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.uint32).astype(np.int64))}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+        tensors |= {f"cuda_{i}": state for i, state in enumerate(torch.cuda.get_rng_state_all())}
+    save_file(tensors, stem.with_suffix(".safetensors"))
+    rest = {"numpy": [kind, int(pos), int(has_gauss), float(cached_gaussian)], "python": [version, list(python_state), gauss_next]}
+    stem.with_suffix(".json").write_text(json.dumps(rest))
 
 
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def _load_rng_state(stem: Path) -> None:
+    if not stem.with_suffix(".safetensors").exists() and not stem.with_suffix(".json").exists():
+        return  # a rank the run did not have (resumed on more processes): it keeps its fresh state
+    tensors = _read(stem.with_suffix(".safetensors"), "RNG state", load_file)
+    rest = _read(stem.with_suffix(".json"), "RNG state", lambda p: json.loads(p.read_text()))
+    try:
+        kind, pos, has_gauss, cached_gaussian = rest["numpy"]
+        version, python_state, gauss_next = rest["python"]
+        numpy_state = (kind, tensors["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached_gaussian)
+        cuda = [tensors[f"cuda_{i}"] for i in range(sum(k.startswith("cuda_") for k in tensors))]
+        torch.set_rng_state(tensors["torch"])
+        np.random.set_state(numpy_state)
+        random.setstate((version, tuple(python_state), gauss_next))
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"{stem}.safetensors/.json: not an RNG state written by srope train ({error})") from error
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def _dedupe(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -73,7 +112,7 @@ def save_checkpoint(out: Path, step: int, model: nn.Module, optimizer: torch.opt
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     world.barrier()
-    torch.save(_rng_state(), tmp / f"rng_rank{world.rank}.pt")
+    _save_rng_state(tmp / f"rng_rank{world.rank}")
     if world.is_main:
         weights, aliases = _dedupe(model_state)
         save_file(weights, tmp / "model.safetensors", metadata={"aliases": json.dumps(aliases)})
@@ -95,14 +134,19 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     path = Path(path)
     from safetensors import safe_open
 
-    with safe_open(path / "model.safetensors", framework="pt") as f:
-        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
-    weights = load_file(path / "model.safetensors")
+    def weights_and_aliases(file: Path):
+        with safe_open(file, framework="pt") as f:
+            aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+        return load_file(file), aliases
+
+    state = _read(path / "trainer_state.json", "trainer state", lambda p: json.loads(p.read_text()))
+    weights, aliases = _read(path / "model.safetensors", "model weights", weights_and_aliases)
     for name, source in aliases.items():
         weights[name] = weights[source]
-    optim_state = torch.load(path / "optimizer.pt", weights_only=False)
-    set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim_state, options=StateDictOptions(full_state_dict=True))
-    rng = path / f"rng_rank{world.rank}.pt"
-    if rng.exists():
-        _set_rng_state(torch.load(rng, weights_only=False))
-    return json.loads((path / "trainer_state.json").read_text())
+    optim_state = _read(path / "optimizer.pt", "optimizer state", lambda p: torch.load(p, weights_only=True))
+    try:
+        set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim_state, options=StateDictOptions(full_state_dict=True))
+    except (KeyError, RuntimeError, ValueError) as error:
+        raise CheckpointError(f"{path}: the checkpoint does not fit this model and optimiser ({' '.join(str(error).split())[:300]})") from error
+    _load_rng_state(path / f"rng_rank{world.rank}")
+    return state

