@@ -12,20 +12,22 @@ def add_eval_commands(commands: argparse._SubParsersAction) -> None:
         "eval",
         help="held-out perplexity, perplexity by position, and beyond the training length",
         description="Score the held-out split of a corpus with a trained model at several context lengths (the same targets "
-        "for each); write FILE.json and FILE.png (loss by position, one line per context length).",
+        "for each); write FILE.json and FILE.png (loss by position, one line per context length). By default the lengths are "
+        "1x, 2x and 4x the training length, those the held-out split has a row of (L + 1 tokens) for.",
     )
     ev.add_argument("--model", required=True, help="model folder (RUN/model) or run folder of `srope train`")
     ev.add_argument("--data", default=None, help="shakespeare | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a token store (default: the run's)")
     ev.add_argument("--cache", default=None, help="data cache folder (default: the run's, else $SROPE_CACHE or ~/.cache/srope)")
-    ev.add_argument("--tokenizer", default=None, help="tokenizer to prepare --data with (default mistral-v1, as `srope train`; must equal the model's)")
-    ev.add_argument("--seq-len", type=int, nargs="+", default=None, metavar="L", help="context lengths (default: 1x 2x 4x the training length)")
+    ev.add_argument("--tokenizer", default=None, help="tokenizer to prepare --data with (default: the run's for the run's data, else the one saved with the model; must equal the model's)")
+    ev.add_argument("--val-fraction", type=float, default=None, help="held-out fraction when --data is split here (default: the run's for the run's data, else 0.01)")
+    ev.add_argument("--seq-len", type=int, nargs="+", default=None, metavar="L", help="context lengths (default: 1x 2x 4x the training length, those that fit the held-out split)")
     ev.add_argument("--batch-size", type=int, default=8, help="rows per forward (default: 8)")
     ev.add_argument("--max-rows", type=int, default=None, help="rows of the longest context to score (default: the whole held-out split)")
     ev.add_argument("--packing", default=None, choices=["concat", "documents"], help="row packing (default: the run's, else concat)")
     ev.add_argument("--bucket-size", type=int, default=None, help="positions per curve bucket (default: longest context / 64)")
     ev.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
     ev.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="autocast dtype; auto = bfloat16 on CUDA, float32 on the CPU")
-    ev.add_argument("--out", required=True, help="result FILE.json (the plot goes to FILE.png)")
+    ev.add_argument("--out", default=None, help="result FILE.json; the plot goes to FILE.png (default: out/eval/RUN.json, RUN the run folder's name)")
     ev.set_defaults(func=run_eval_command)
 
     lm = commands.add_parser(
@@ -53,15 +55,19 @@ def add_eval_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
-    from srope.eval.perplexity import format_table, run_eval
+    from pathlib import Path
 
+    from srope.eval.model_dir import resolve_model_dir
+    from srope.eval.perplexity import default_out, format_table, run_eval
+
+    out = Path(args.out) if args.out is not None else default_out(resolve_model_dir(args.model))
     result = run_eval(
-        args.model, args.data, out=args.out, cache=args.cache, tokenizer=args.tokenizer, seq_lens=args.seq_len,
-        batch_size=args.batch_size, max_rows=args.max_rows, packing=args.packing, bucket_size=args.bucket_size,
-        device=args.device, dtype=args.dtype, show_progress=True,
+        args.model, args.data, out=out, cache=args.cache, tokenizer=args.tokenizer, val_fraction=args.val_fraction,
+        seq_lens=args.seq_len, batch_size=args.batch_size, max_rows=args.max_rows, packing=args.packing,
+        bucket_size=args.bucket_size, device=args.device, dtype=args.dtype, show_progress=True, log=print,
     )  # fmt: skip
     print(format_table(result))
-    print(f"wrote {args.out} and {args.out[: -len('.json')]}.png")
+    print(f"wrote {out} (results) and {out.with_suffix('.png')} (loss by position)")
     return 0
 
 

@@ -10,11 +10,14 @@ from pathlib import Path
 import torch
 
 AUTOCAST_DTYPES = ("auto", "float32", "bfloat16")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def resolve_model_dir(path: str | os.PathLike) -> Path:
     """The folder holding ``config.json``: ``path`` itself, or ``path/model`` for a run folder."""
     folder = Path(path).expanduser()
+    if not folder.exists():
+        raise FileNotFoundError(f"model folder {os.fspath(path)!r} does not exist: expected a model folder (RUN/model) or a run folder of `srope train`")
     if (folder / "config.json").is_file():
         return folder
     if (folder / "model" / "config.json").is_file():
@@ -27,8 +30,19 @@ def find_train_config(model_dir: Path) -> dict | None:
     for folder in (model_dir, model_dir.parent):
         file = folder / "train_config.json"
         if file.is_file():
-            return json.loads(file.read_text())
+            return read_json(file, "the run's settings, written by `srope train`")
     return None
+
+
+def read_json(file: Path, what: str) -> dict:
+    """``file`` parsed as a JSON object; a damaged file is a ValueError that names it."""
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{file} is not valid JSON ({err}); expected {what}") from err
+    if not isinstance(value, dict):
+        raise ValueError(f"{file} holds a JSON {type(value).__name__}; expected an object: {what}")
+    return value
 
 
 def resolve_device(device: str) -> torch.device:
@@ -57,12 +71,68 @@ def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
+def check_weights(model_dir: Path) -> list[Path]:
+    """The weight files of ``model_dir``, each checked to be readable; a missing or damaged one is
+    an error that names it (transformers' own errors name neither the file nor the cause)."""
+    from safetensors import SafetensorError, safe_open
+
+    found = [model_dir / name for name in WEIGHT_FILES if (model_dir / name).is_file()]
+    if not found:
+        raise FileNotFoundError(
+            f"no model weights in {model_dir}: expected model.safetensors (written by `srope train` when a run ends, "
+            "or by save_pretrained); an unfinished run has only checkpoints"
+        )
+    files = []
+    for file in found:
+        if file.name.endswith(".index.json"):
+            index = read_json(file, "a sharded checkpoint's index (weight_map: name -> file)")
+            if not isinstance(index.get("weight_map"), dict):
+                raise ValueError(f"{file} has no weight_map; expected a sharded checkpoint's index (weight_map: name -> file)")
+            for shard in sorted(set(index["weight_map"].values())):
+                if not (model_dir / shard).is_file():
+                    raise FileNotFoundError(f"{model_dir / shard} is missing: {file.name} lists it as a shard of the weights")
+                files.append(model_dir / shard)
+        else:
+            files.append(file)
+    for file in files:
+        if file.suffix != ".safetensors":
+            continue
+        try:
+            with safe_open(os.fspath(file), framework="pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError) as err:
+            raise ValueError(
+                f"{file} is not a readable safetensors file ({err}; {file.stat().st_size:,} bytes): expected the complete "
+                "weights saved by `srope train` or save_pretrained; a copy cut short looks like this, so copy or export it again"
+            ) from err
+    return files
+
+
 def load_model(model_dir: Path, device: torch.device):
-    """``AutoModelForCausalLM.from_pretrained`` in float32, in eval mode, on ``device`` (no network)."""
+    """``AutoModelForCausalLM.from_pretrained`` in float32, in eval mode, on ``device`` (no network).
+
+    A folder whose weights are missing, damaged or do not match its ``config.json`` is a
+    ValueError/FileNotFoundError that names the file, never a model with random weights.
+    """
     import srope.models  # noqa: F401  (registers model_type "srope" with the Auto classes)
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+    read_json(model_dir / "config.json", "the model's configuration, written by save_pretrained")
+    files = check_weights(model_dir)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True, output_loading_info=True)
+    except (OSError, SafetensorError, ValueError) as err:
+        names = ", ".join(os.fspath(file) for file in files)
+        raise ValueError(f"could not load the model in {model_dir} from {model_dir / 'config.json'} and {names}: {err}") from err
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        keys = sorted(map(str, info.get(kind) or []))
+        if keys:
+            shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+            raise ValueError(
+                f"the weights in {', '.join(os.fspath(file) for file in files)} do not match {model_dir / 'config.json'}: "
+                f"{kind.replace('_', ' ')}: {shown}; expected the files of one save_pretrained"
+            )
     return model.to(device).eval()
 
 

@@ -1,8 +1,9 @@
 """Held-out perplexity, perplexity by position, and length extrapolation.
 
-``srope eval --model RUN/model --data SOURCE --out FILE.json`` scores the corpus's held-out
+``srope eval --model RUN/model --data SOURCE [--out FILE.json]`` scores the corpus's held-out
 split at several context lengths (default 1×, 2× and 4× the training context read from the
-run's ``train_config.json``). Every context length scores the **same targets**: the first
+run's ``train_config.json``, those that fit the split: a context ``L`` needs ``L + 1`` tokens
+for one row). Every context length scores the **same targets**: the first
 ``N`` tokens after the first of the split's token stream (documents concatenated), with ``N``
 a multiple of the longest context (all of the split, or ``--max-rows`` rows of the longest
 context), cut into rows of ``L`` inputs; so the numbers differ only in how much context
@@ -26,6 +27,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +152,53 @@ def default_seq_lens(train_seq_len: int) -> list[int]:
     return [train_seq_len, 2 * train_seq_len, 4 * train_seq_len]
 
 
+def _row_needs(seq_len: int) -> str:
+    return f"a row of context {seq_len} needs {seq_len + 1} tokens ({seq_len} inputs and one more target)"
+
+
+def _more_data(num_tokens: int) -> str:
+    shorter = f" (at most {num_tokens - 1} here)" if num_tokens >= 2 else ""
+    return f"pass a shorter --seq-len{shorter}, or more held-out data (a longer text, or a larger --val-fraction when it is split)"
+
+
+def fit_default_seq_lens(train_seq_len: int, num_tokens: int) -> tuple[list[int], list[int]]:
+    """The default contexts (1×, 2×, 4× the training length) that fit a split of ``num_tokens``
+    tokens, and those that do not. A context ``L`` fits when the split holds one row of it:
+    ``L + 1`` tokens. Raises ``ValueError`` when not even the training length fits."""
+    train_seq_len = _positive_int("train_seq_len", train_seq_len)
+    lengths = default_seq_lens(train_seq_len)
+    fit = [length for length in lengths if num_tokens >= length + 1]
+    if not fit:
+        raise ValueError(f"the held-out split has {num_tokens} tokens, too few for the training length: {_row_needs(train_seq_len)}; {_more_data(num_tokens)}")
+    return fit, [length for length in lengths if length not in fit]
+
+
+def skipped_message(train_seq_len: int, skipped: list[int], num_tokens: int) -> str:
+    """One line: which default contexts are left out and why."""
+    names = ", ".join(f"{length // train_seq_len}x = {length}" for length in skipped)
+    return f"skipping {names}: the held-out split has {num_tokens} tokens and {_row_needs(min(skipped))}"
+
+
+def check_seq_lens_fit(seq_lens: list[int], num_tokens: int) -> None:
+    """Raise ``ValueError`` naming every context in ``seq_lens`` that has not one row in the split."""
+    too_long = [length for length in seq_lens if num_tokens < length + 1]
+    if too_long:
+        names = ", ".join(map(str, too_long))
+        raise ValueError(
+            f"context length{'s' if len(too_long) > 1 else ''} {names} (--seq-len) do{'' if len(too_long) > 1 else 'es'} not fit the "
+            f"held-out split: it has {num_tokens} tokens and {_row_needs(min(too_long))}; {_more_data(num_tokens)}"
+        )
+
+
+def default_out(model_dir: str | os.PathLike) -> Path:
+    """``out/eval/<run name>.json``: the run folder's name (the model folder's own when it is not a run's ``model/``)."""
+    from srope.cli import OUT  # the project's git-ignored output folder
+
+    folder = Path(model_dir).resolve()
+    name = folder.parent.name if folder.name == "model" and folder.parent.name else folder.name
+    return Path(OUT) / "eval" / f"{name}.json"
+
+
 def rows_per_context(num_tokens: int, seq_lens: list[int], max_rows: int | None) -> tuple[int, dict[int, int]]:
     """The shared target budget ``N`` (a multiple of the longest context) and the rows of each context.
 
@@ -243,9 +292,10 @@ def run_eval(
     model: str | os.PathLike,
     data: str | os.PathLike | None = None,
     *,
-    out: str | os.PathLike,
+    out: str | os.PathLike | None = None,
     cache: str | os.PathLike | None = None,
     tokenizer: str | os.PathLike | None = None,
+    val_fraction: float | None = None,
     seq_lens: list[int] | None = None,
     batch_size: int = 8,
     max_rows: int | None = None,
@@ -255,33 +305,53 @@ def run_eval(
     dtype: str = "auto",
     plot: bool = True,
     show_progress: bool = False,
+    log: Callable[[str], object] | None = None,
 ) -> dict:
     """``srope eval``: load ``model`` (a model folder or a run folder), score the held-out split of
-    ``data`` at ``seq_lens``, write ``out`` (JSON) and a PNG beside it (``out`` with ``.png``).
+    ``data`` at ``seq_lens``, write ``out`` (JSON; default :func:`default_out`) and a PNG beside it.
 
     Defaults come from the run's ``train_config.json`` when present: ``data``, ``cache``,
-    ``packing`` and the training length (``seq_lens`` = 1×, 2×, 4× of it).
+    ``packing`` and the training length (``seq_lens``: 1×, 2×, 4× of it, those that fit the
+    held-out split; the others are listed in the result's ``seq_lens_skipped`` and told to
+    ``log``). On the run's own data the run's tokenizer and ``val_fraction`` apply, so the
+    held-out split is the one training held out; on other data the tokenizer saved with the
+    model does. ``seq_lens`` given explicitly must all fit.
     """
+    # AutoTokenizer on the model folder reads its config.json too: without model_type "srope"
+    # registered it falls back to a bare config with a misleading warning about the model type.
+    import srope.models  # noqa: F401
     from srope.eval.model_dir import autocast_dtype as pick_autocast
-    from srope.eval.model_dir import find_train_config, has_tokenizer, load_model, resolve_device, resolve_model_dir
+    from srope.eval.model_dir import find_train_config, has_tokenizer, load_model, read_json, resolve_device, resolve_model_dir
     from srope.train.data import load_corpus
-    from srope.train.tokenizer import MISTRAL_V1, load_tokenizer, tokenizer_fingerprint
+    from srope.train.tokenizer import MISTRAL_V1
 
-    out = Path(out)
+    model_dir = resolve_model_dir(model)
+    out = Path(out) if out is not None else default_out(model_dir)
     if out.suffix != ".json":
         raise ValueError(f"out must be a .json file path, got {os.fspath(out)!r}")
     batch_size = _positive_int("batch_size", batch_size)
-    model_dir = resolve_model_dir(model)
+    if seq_lens is not None:
+        if not isinstance(seq_lens, (list, tuple)) or not seq_lens:
+            raise ValueError(f"seq_lens must be a non-empty list of context lengths, got {seq_lens!r}")
+        seq_lens = sorted({_positive_int("seq_len", length) for length in seq_lens})
     train_config = find_train_config(model_dir) or {}
     train_seq_len = train_config.get("seq_len")
-    if seq_lens is None:
-        if not train_seq_len:
-            raise ValueError(f"no train_config.json beside {model_dir} to read the training length from: pass seq_lens (--seq-len L ...)")
-        seq_lens = default_seq_lens(int(train_seq_len))
+    if seq_lens is None and not train_seq_len:
+        raise ValueError(f"no train_config.json beside {model_dir} to read the training length from: pass seq_lens (--seq-len L ...)")
     if data is None:
         if "data" not in train_config:
             raise ValueError(f"no train_config.json beside {model_dir} to read the training data from: pass data (--data SOURCE)")
         data = train_config["data"]
+    runs_data = "data" in train_config and _same_source(data, train_config["data"])
+    if tokenizer is None:
+        # The run's own data was tokenised with the run's tokenizer (its token store is in the
+        # cache); other data is tokenised with the model's saved copy, so no network is needed.
+        if runs_data or not has_tokenizer(model_dir):
+            tokenizer = train_config.get("tokenizer", MISTRAL_V1)
+        else:
+            tokenizer = model_dir
+    if val_fraction is None and runs_data:
+        val_fraction = train_config.get("val_fraction")  # the split training held out, not a new one
     cache = cache if cache is not None else train_config.get("cache")
     packing = packing or train_config.get("packing", "concat")
     if packing not in PACKING:
@@ -289,18 +359,23 @@ def run_eval(
     where = resolve_device(device)
     amp = pick_autocast(dtype, where)
 
-    corpus = load_corpus(data, tokenizer if tokenizer is not None else MISTRAL_V1, cache=cache)
-    config = _model_config(model_dir)
-    if corpus.vocab_size > config["vocab_size"]:
-        raise ValueError(f"the corpus's tokenizer has {corpus.vocab_size} tokens but the model's vocabulary is {config['vocab_size']}")
-    if has_tokenizer(model_dir):
-        mine = corpus.meta["tokenizer"]["fingerprint"]
-        theirs = tokenizer_fingerprint(load_tokenizer(model_dir))
-        if mine != theirs:
-            raise ValueError(
-                f"the corpus {corpus.path} was tokenised with {corpus.meta['tokenizer']['name']!r}, which is not the tokenizer saved "
-                f"with the model in {model_dir}; pass the model's tokenizer (--tokenizer {model_dir}) or its training token store as --data"
-            )
+    corpus = load_corpus(data, tokenizer, cache=cache, val_fraction=val_fraction)
+    num_tokens = corpus.val.num_tokens
+    skipped: list[int] = []
+    if seq_lens is None:
+        seq_lens, skipped = fit_default_seq_lens(int(train_seq_len), num_tokens)
+        if skipped and log is not None:
+            log(skipped_message(int(train_seq_len), skipped, num_tokens))
+    else:
+        check_seq_lens_fit(seq_lens, num_tokens)
+    config = read_json(model_dir / "config.json", "the model's configuration, written by save_pretrained")
+    if corpus.vocab_size > config.get("vocab_size", 0):
+        raise ValueError(f"the corpus's tokenizer has {corpus.vocab_size} tokens but the model's vocabulary is {config.get('vocab_size')}")
+    if has_tokenizer(model_dir) and not _same_tokenizer(corpus, model_dir):
+        raise ValueError(
+            f"the corpus {corpus.path} was tokenised with {corpus.meta['tokenizer']['name']!r}, which is not the tokenizer saved "
+            f"with the model in {model_dir}; pass the model's tokenizer (--tokenizer {model_dir}) or its training token store as --data"
+        )
     net = load_model(model_dir, where)
     began = time.perf_counter()
     result = evaluate_contexts(
@@ -309,11 +384,12 @@ def run_eval(
     )  # fmt: skip
     result = {
         "model": os.fspath(model_dir),
-        "data": {"source": os.fspath(data), "store": os.fspath(corpus.path), "split": "val", "tokens": corpus.val.num_tokens, "documents": corpus.val.num_documents},
+        "data": {"source": os.fspath(data), "store": os.fspath(corpus.path), "split": "val", "tokens": num_tokens, "documents": corpus.val.num_documents},
         "device": str(where),
         "autocast": None if amp is None else str(amp).replace("torch.", ""),
         "batch_size": batch_size,
         "max_rows": max_rows,
+        "seq_lens_skipped": skipped,
         **result,
         "seconds": time.perf_counter() - began,
         "title": f"{model_dir.parent.name}/{model_dir.name} on {Path(os.fspath(data)).name} (val)",
@@ -325,8 +401,28 @@ def run_eval(
     return result
 
 
-def _model_config(model_dir: Path) -> dict:
-    return json.loads((model_dir / "config.json").read_text())
+def _same_source(a, b) -> bool:
+    """Whether two ``--data`` values name the same source (equal, or the same existing path)."""
+    if os.fspath(a) == os.fspath(b):
+        return True
+    first, second = Path(os.fspath(a)).expanduser(), Path(os.fspath(b)).expanduser()
+    return first.exists() and second.exists() and first.resolve() == second.resolve()
+
+
+def _same_tokenizer(corpus, model_dir: Path) -> bool:
+    from srope.train.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+    theirs = tokenizer_fingerprint(load_tokenizer(model_dir))
+    if theirs == corpus.meta["tokenizer"]["fingerprint"]:
+        return True
+    # `srope train` saves the corpus's tokenizer with eos as the pad token (batched generation
+    # needs one), which changes the fingerprint but no token id: compare it exported the same way.
+    saved = corpus.path / "tokenizer"
+    if not saved.is_dir():
+        return False
+    from srope.train.trainer import generation_tokenizer
+
+    return tokenizer_fingerprint(generation_tokenizer(saved)) == theirs
 
 
 def format_table(result: dict) -> str:
