@@ -40,11 +40,12 @@ from srope.overrides import coerce, parse_literal
 from srope.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from srope.train.data import IGNORE_INDEX, PackedBatches, eval_batches, load_corpus
 from srope.train.distributed import World, close_world, init_world, unwrap, wrap_model
+from srope.train.graphed import GraphCaptureError, StepGraph
 from srope.train.optim import build_optimizer, warmup_cosine
 
 
 # Settings a resumed run may change (they do not affect the numbers computed).
-RESUME_MAY_CHANGE = {"checkpoint_every", "log_every", "eval_every", "tensorboard", "device", "cache"}
+RESUME_MAY_CHANGE = {"checkpoint_every", "log_every", "eval_every", "tensorboard", "device", "cache", "cuda_graph"}
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -85,6 +86,7 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "auto"  # autocast dtype: "auto" = bfloat16 on CUDA, float32 on the CPU
     compile: bool = False
+    cuda_graph: str = "auto"  # capture the step as a CUDA graph: "auto" (one CUDA process, concat packing, no compile), "on", "off"
     parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2) when torchrun starts several processes
     checkpoint_every: int = 100
     eval_every: int = 0  # 0: only at the end
@@ -113,6 +115,8 @@ class TrainConfig:
             raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {out.dtype!r}")
         if out.val_fraction is not None and not (isinstance(out.val_fraction, float) and 0 < out.val_fraction < 1):
             raise ValueError(f"val_fraction must be a number in (0, 1), got {out.val_fraction!r}")
+        if out.cuda_graph not in ("auto", "on", "off"):
+            raise ValueError(f"cuda_graph must be 'auto', 'on' or 'off', got {out.cuda_graph!r}")
         if out.micro_batch_size is not None and (not isinstance(out.micro_batch_size, int) or out.micro_batch_size < 1):
             raise ValueError(f"micro_batch_size must be a positive integer, got {out.micro_batch_size!r}")
         return out
@@ -178,9 +182,14 @@ def token_loss_sum(model, batch, device, autocast) -> torch.Tensor:
         cu_seqlens = cu_seqlens.to(device)
     else:
         input_ids, labels, cu_seqlens = batch.input_ids, batch.labels, None
+    return summed_loss(model, input_ids.to(device), labels.to(device), cu_seqlens, autocast)
+
+
+def summed_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None, autocast) -> torch.Tensor:
+    """Summed cross-entropy of ``labels`` (already shifted; IGNORE_INDEX skipped) on device tensors."""
     with autocast:
-        logits = model(input_ids.to(device), cu_seqlens=cu_seqlens, use_cache=False).logits
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.to(device).flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        logits = model(input_ids, cu_seqlens=cu_seqlens, use_cache=False).logits
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 @torch.no_grad()
@@ -305,6 +314,29 @@ class _StopSignals:
         self.previous = {}
 
 
+def _eager_step(model, optimizer, params, parts, lr: float, targets: torch.Tensor, world: World, autocast, grad_clip: float):
+    """Forward and backward of every micro-batch, then clipping; returns the summed token
+    loss of this rank and the gradient norm (the caller checks both, then steps)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss_sum = torch.zeros((), dtype=torch.float64, device=world.device)
+    for i, part in enumerate(parts):
+        sync = i == len(parts) - 1 or not hasattr(model, "no_sync")
+        with model.no_sync() if not sync else contextlib.nullcontext():
+            part_loss = token_loss_sum(model, part, world.device, autocast)
+            # DDP averages gradients over ranks; scale so the result is the global token mean.
+            (part_loss * (world.size / targets.to(part_loss.dtype))).backward()
+        loss_sum += part_loss.detach().double()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip or float("inf"))
+    return loss_sum, grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2: a DTensor
+
+
+def _check_finite(loss: float, grad_norm: float, step: int, out: Path) -> None:
+    for name, value in (("loss", loss), ("grad_norm", grad_norm)):
+        if not math.isfinite(value):
+            raise FloatingPointError(f"non-finite {name} ({value}) at step {step + 1}; the last checkpoint is {latest_checkpoint(out)}")
+
+
 def _check_data(corpus, config: TrainConfig, world: World) -> None:
     """Enough tokens for one global batch and one held-out row, or an error that says how many."""
     need_train = config.global_batch_size * config.seq_len + 1
@@ -323,6 +355,23 @@ def _check_data(corpus, config: TrainConfig, world: World) -> None:
         )
 
 
+def _use_cuda_graph(config: TrainConfig, world: World) -> bool:
+    """Whether the step runs as a CUDA graph (see :mod:`srope.train.graphed`)."""
+    reasons = [
+        reason
+        for reason, applies in (
+            (f"the device is {world.device.type}, not CUDA", world.device.type != "cuda"),
+            (f"{world.size} processes (one is needed)", world.size > 1),
+            ("packing='documents' changes the shapes from step to step", config.packing != "concat"),
+            ("compile=true", config.compile),
+        )
+        if applies
+    ]
+    if config.cuda_graph == "on" and reasons:
+        raise ValueError(f"cuda_graph='on' cannot run here: {'; '.join(reasons)}")
+    return config.cuda_graph != "off" and not reasons
+
+
 def _describe(corpus, config: TrainConfig, model, autocast_dtype, world: World, out: Path) -> list[str]:
     bare = unwrap(model)
     mc = bare.config
@@ -336,7 +385,7 @@ def _describe(corpus, config: TrainConfig, model, autocast_dtype, world: World, 
         f"       {config.max_steps} steps x {config.global_batch_size} rows of {config.seq_len} tokens = {epochs:.2f} epochs",
         f"model  {config.preset}, {mc.mixer} + {mc.position['type']}: {params / 1e6:.2f}M parameters, {mc.num_hidden_layers} layers, "
         f"hidden {mc.hidden_size}; {world.device}{f' x {world.size} processes' if world.size > 1 else ''}, {precision}"
-        f"{', torch.compile' if config.compile else ''}",
+        f"{', torch.compile' if config.compile else ''}{', the step as a CUDA graph' if _use_cuda_graph(config, world) else ''}",
         f"out    {out}: checkpoints/ every {config.checkpoint_every} steps, metrics.jsonl"
         f"{', tensorboard/' if config.tensorboard else ''}, model/ at the end",
     ]
@@ -371,7 +420,9 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
             model = torch.compile(model)
         optimizer = build_optimizer(unwrap(model), lr=config.lr, weight_decay=config.weight_decay, betas=(config.beta1, config.beta2), eps=config.eps)
     autocast_dtype = torch.bfloat16 if config.dtype == "bfloat16" or (config.dtype == "auto" and world.device.type == "cuda") else None
-    autocast = torch.autocast(world.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
+    # no weight-cast cache: the same casts either way, and a CUDA graph capture needs none
+    autocast = torch.autocast(world.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None, cache_enabled=False)
+    graphed = _use_cuda_graph(config, world)
 
     start = 0
     if resume:
@@ -395,6 +446,7 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
     last = config.max_steps if stop_after is None else min(stop_after, config.max_steps)
     metrics: dict = {}
     saved_at = start
+    step_graph = None
 
     def checkpoint(step: int) -> float:
         nonlocal saved_at
@@ -409,33 +461,38 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         for step in range(start, last):
             began = time.perf_counter()
             lr = warmup_cosine(step, total=config.max_steps, peak=config.lr, start=config.lr_start, end=config.lr_end, warmup=config.warmup)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
             batch = next(loader)
             targets = world.sum(batch.num_targets)
-            loss_sum = torch.zeros((), dtype=torch.float64, device=world.device)
             parts = batch.split(micro)
-            for i, part in enumerate(parts):
-                sync = i == len(parts) - 1 or not hasattr(model, "no_sync")
-                context = model.no_sync() if not sync else contextlib.nullcontext()
-                with context:
-                    part_loss = token_loss_sum(model, part, world.device, autocast)
-                    # DDP averages gradients over ranks; scale so the result is the global token mean.
-                    (part_loss * (world.size / targets.to(part_loss.dtype))).backward()
-                loss_sum += part_loss.detach().double()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip or float("inf"))
-            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2: a DTensor
+            result = None
+            if graphed:
+                if step_graph is None:
+                    step_graph = StepGraph(
+                        model, optimizer, params, loss_sum=lambda ids, labels: summed_loss(model, ids, labels, None, autocast),
+                        parts=len(parts), micro=micro, seq_len=config.seq_len, grad_clip=config.grad_clip, targets=batch.num_targets,
+                    )  # fmt: skip
+                try:
+                    result = step_graph.step(parts, lr)
+                except GraphCaptureError as error:
+                    if config.cuda_graph == "on":
+                        raise
+                    graphed = False
+                    tqdm.write(f"warning: {error}; training on without a CUDA graph (--set cuda_graph=off skips the attempt)")
+            if result is None:
+                result = _eager_step(model, optimizer, params, parts, lr, targets, world, autocast, config.grad_clip)
+            loss_sum, grad_norm = result
             loss = float(world.sum(loss_sum) / targets)
-            for name, value in (("loss", loss), ("grad_norm", float(grad_norm))):
-                if not math.isfinite(value):
-                    raise FloatingPointError(f"non-finite {name} ({value}) at step {step + 1}; the last checkpoint is {latest_checkpoint(out)}")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            _check_finite(loss, float(grad_norm), step, out)
+            if not graphed:  # the graph applies the update itself, before the check
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
             elapsed = time.perf_counter() - began
             phases.seconds["steps"] = phases.seconds.get("steps", 0.0) + elapsed
             progress["steps"] += 1
             done = step + 1
             metrics = {"step": done, "loss": loss, "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": float(targets) / elapsed, "step_s": elapsed}
+            if world.device.type == "cuda":
+                metrics["peak_gib"] = torch.cuda.max_memory_allocated(world.device) / 2**30
             if (config.eval_every and done % config.eval_every == 0) or done == config.max_steps:
                 began = time.perf_counter()
                 with phases("eval"):

@@ -1,0 +1,210 @@
+"""What users run, timed: ``srope train`` itself and ``model.generate``, beside fla's
+``GLAForCausalLM`` at the same configuration in the same run.
+
+* ``srope train`` runs as a subprocess, exactly as a user starts it (default flags plus the
+  batch shape; ``--mode eager`` adds ``--set cuda_graph=off``, ``--mode compile`` adds
+  ``--set compile=true``); tokens/s is the median over its own ``metrics.jsonl`` after the
+  first ``--skip`` steps (autotuning, the graph's warm-up and capture), peak memory its
+  ``peak_gib``.
+* fla's ``GLAForCausalLM`` (hidden, layers, heads, expand_k/v and short conv of the preset),
+  float32 weights, bf16 autocast, fused AdamW, its own loss ``model(input_ids=ids,
+  labels=ids).loss``, eager; the same batch shape on random tokens.
+* ``model.generate`` (greedy, batch 1, a prompt of ``--prompt`` tokens, ``--new`` tokens),
+  ms per new token: srope's model for each position encoding and fla's.
+
+    python benchmarks/bench_train.py --data STORE --out out/bench/train.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from common import ROOT, environment, write_json
+
+
+def _git_commit() -> str | None:
+    if os.environ.get("SROPE_COMMIT"):
+        return os.environ["SROPE_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def srope_train(args, position: str, mode: str) -> dict:
+    """One ``srope train`` run in a subprocess; its own metrics."""
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        command = [sys.executable, "-m", "srope", "train", "--preset", args.preset, "--position", position, "--data", args.data,
+                   "--max-steps", str(args.steps), "--out", tmp,
+                   "--set", f"global_batch_size={args.batch}", "--set", f"micro_batch_size={args.batch}", "--set", f"seq_len={args.length}",
+                   "--set", f"checkpoint_every={10 * args.steps}", "--set", "eval_rows=8", "--set", "tensorboard=false"]  # fmt: skip
+        command += {"default": [], "eager": ["--set", "cuda_graph=off"], "compile": ["--set", "compile=true"]}[mode]
+        began = time.perf_counter()
+        result = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
+        record = {"position": position, "mode": mode, "command": " ".join(command[1:]).replace(tmp, "OUT"), "wall_s": time.perf_counter() - began}
+        metrics = Path(tmp) / "metrics.jsonl"
+        if result.returncode != 0 or not metrics.exists():
+            record["error"] = (result.stderr or result.stdout)[-1500:]
+            return record
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    timed = [r for r in rows if r["step"] > args.skip]
+    record |= {
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
+        "step_s": statistics.median(r["step_s"] for r in timed),
+        "peak_gib": max(r.get("peak_gib", float("nan")) for r in rows),
+        "first_steps_s": [round(r["step_s"], 3) for r in rows if r["step"] <= args.skip],
+        "loss": [round(r["loss"], 4) for r in rows],
+        "time_s": rows[-1].get("time_s"),
+        "report": [line for line in result.stderr.splitlines() if line[:6].strip() in ("data", "model", "out", "time", "logs")],
+    }
+    return record
+
+
+def fla_config(preset: str):
+    from fla.models import GLAConfig
+
+    from srope.models import PRESETS
+
+    c = PRESETS[preset].config
+    return GLAConfig(hidden_size=c["hidden_size"], num_hidden_layers=c["num_hidden_layers"], num_heads=c["num_heads"],
+                     expand_k=c["expand_k"], expand_v=c["expand_v"], use_short_conv=c["use_short_conv"], vocab_size=c["vocab_size"])  # fmt: skip
+
+
+def fla_train(args) -> dict:
+    """fla's GLA model, eager, its own loss, the same step as srope train's."""
+    from fla.models import GLAForCausalLM
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(fla_config(args.preset)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.length), device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for step in range(args.steps):
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - began)
+    timed = times[args.skip :]
+    record = {"model": "fla GLAForCausalLM", "tokens_per_s": args.batch * args.length / statistics.median(timed),
+              "step_s": statistics.median(timed), "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "loss": float(loss)}  # fmt: skip
+    del model, optimizer
+    torch.cuda.empty_cache()
+    return record
+
+
+def generate_ms(model, args, vocab: int) -> dict:
+    """Greedy ``generate``: ms per new token (prompt's prefill subtracted by timing 1 new token too)."""
+    torch.manual_seed(1)
+    prompt = torch.randint(3, vocab, (1, args.prompt), device="cuda")
+    kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def run(new: int) -> float:
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, **kwargs)
+        torch.cuda.synchronize()
+        assert out.shape[1] == args.prompt + new, out.shape
+        return time.perf_counter() - began
+
+    run(args.new)  # warm-up: autotuning, graph capture
+    one = statistics.median(run(1) for _ in range(3))
+    full = statistics.median(run(args.new) for _ in range(3))
+    return {"generate_ms_per_token": 1e3 * (full - one) / (args.new - 1), "generate_s": full, "prefill_and_first_s": one}
+
+
+def srope_generate(args, position: str) -> dict:
+    from srope.models import SRopeForCausalLM, preset_config
+
+    torch.manual_seed(0)
+    model = SRopeForCausalLM(preset_config(args.preset, position=position)).cuda().eval()
+    record = {"position": position} | generate_ms(model, args, model.config.vocab_size)
+    del model
+    torch.cuda.empty_cache()
+    return record
+
+
+def fla_generate(args) -> dict:
+    from fla.models import GLAForCausalLM
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(fla_config(args.preset)).cuda().eval()
+    record = {"model": "fla GLAForCausalLM"} | generate_ms(model, args, model.config.vocab_size)
+    del model
+    torch.cuda.empty_cache()
+    return record
+
+
+def _attempt(fn, *fn_args) -> dict:
+    try:
+        return fn(*fn_args)
+    except Exception as error:
+        torch.cuda.synchronize()
+        return {"error": "".join(traceback.format_exception_only(error)).strip()[-800:]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", required=True, help="a prepared token store (srope data prepare prints it)")
+    parser.add_argument("--preset", default="gla-370m")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--length", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--skip", type=int, default=4, help="first steps left out of the median")
+    parser.add_argument("--positions", default="nope,selective_rope")
+    parser.add_argument("--modes", default="default,eager", help="default (what srope train does), eager (cuda_graph=off), compile")
+    parser.add_argument("--generate-positions", default="nope,rope,selective_rope")
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--no-fla", action="store_true")
+    parser.add_argument("--no-generate", action="store_true")
+    parser.add_argument("--timeout", type=int, default=400)
+    parser.add_argument("--out", default="out/bench/train.json")
+    args = parser.parse_args()
+    report = {"environment": environment() | {"commit": _git_commit()}, "command": " ".join(sys.argv), "args": vars(args), "train": [], "generate": []}
+    jobs = [("train", srope_train, (args, p, m)) for m in args.modes.split(",") for p in args.positions.split(",")]
+    if not args.no_fla:
+        jobs.append(("train", fla_train, (args,)))
+    if not args.no_generate:
+        jobs += [("generate", srope_generate, (args, p)) for p in args.generate_positions.split(",")]
+        if not args.no_fla:
+            jobs.append(("generate", fla_generate, (args,)))
+    for kind, fn, fn_args in jobs:
+        record = _attempt(fn, *fn_args)
+        if "error" in record:
+            record |= {"job": fn.__name__, "args": [a for a in fn_args if isinstance(a, str)]}
+        report[kind].append(record)
+        print(json.dumps({k: v for k, v in record.items() if k not in ("loss", "report")}), flush=True)
+        write_json(args.out, report)
+    lines = ["| train | mode | tokens/s | peak GiB | wall s |", "|---|---|---|---|---|"]
+    for r in report["train"]:
+        name = r.get("position", r.get("model", r.get("job")))
+        lines.append(f"| {name} | {r.get('mode', 'eager')} | {r.get('tokens_per_s', float('nan')):,.0f} | {r.get('peak_gib', float('nan')):.1f} | {r.get('wall_s', float('nan')):.0f} |")
+    lines += ["", "| generate | ms/token |", "|---|---|"]
+    for r in report["generate"]:
+        lines.append(f"| {r.get('position', r.get('model', r.get('job')))} | {r.get('generate_ms_per_token', float('nan')):.2f} |")
+    table = "\n".join(lines)
+    Path(args.out).with_suffix(".md").write_text(f"{report['environment'].get('gpu')}, commit {report['environment']['commit']}\n\n{table}\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""GPU checks of srope train's CUDA-graph step, for every host x position encoding:
+
+* the graph step equals the eager step (``cuda_graph=off``): losses and final weights of a
+  few steps of ``train()`` on the same data;
+* a graph-mode run stopped and resumed equals the uninterrupted graph-mode run (bitwise);
+* the eager forward + backward of a fixed-shape batch does not synchronise with the host
+  (``torch.cuda.set_sync_debug_mode("error")``), nor does a one-token decode step.
+
+    python benchmarks/check_cuda_train.py --data STORE --out out/bench/check_train.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+from common import environment, write_json
+from safetensors.torch import load_file
+
+from srope.models import SRopeForCausalLM, preset_config
+from srope.models.modeling import CACHE_FIELD
+from srope.train.trainer import TrainConfig, train
+
+MIXERS = {"gla": "gla-tiny", "gated_deltanet": "gdn-tiny", "forgetting_attn": "fox-tiny", "attention": "transformer-tiny"}
+POSITIONS = ("nope", "rope", "selective_rope")
+SIZE = {"hidden_size": 256, "num_heads": 2}
+
+
+def _losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def graph_vs_eager(data: str, mixer: str, position: str, steps: int) -> dict:
+    base = dict(preset=MIXERS[mixer], position=position, data=data, max_steps=steps, seq_len=256, global_batch_size=8,
+                eval_rows=8, tensorboard=False, checkpoint_every=1000, model=dict(SIZE))  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        train(TrainConfig(**base, cuda_graph="off"), root / "eager")
+        train(TrainConfig(**base, cuda_graph="on"), root / "graph")
+        train(TrainConfig(**base, cuda_graph="on"), root / "split", stop_after=steps // 2 + 1)
+        train(TrainConfig(**base, cuda_graph="on"), root / "split", resume=True)
+        eager, graph, split = (_losses(root / name) for name in ("eager", "graph", "split"))
+        weights = {name: load_file(root / name / "model" / "model.safetensors") for name in ("eager", "graph", "split")}
+    worst_weight = max(_rel(weights["graph"][k], weights["eager"][k]) for k in weights["eager"])
+    return {
+        "loss_eager": eager,
+        "loss_graph": graph,
+        "max_loss_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(graph, eager)),
+        "worst_weight_rel_diff": worst_weight,
+        "resume_bitwise": split == graph and all(torch.equal(weights["split"][k], weights["graph"][k]) for k in weights["graph"]),
+    }
+
+
+def no_host_sync(mixer: str, position: str) -> dict:
+    """Forward + backward, then a prefill and one decode step, under sync-debug 'error'."""
+    torch.manual_seed(0)
+    model = SRopeForCausalLM(preset_config(MIXERS[mixer], position=position, vocab_size=1000, **SIZE)).cuda()
+    ids = torch.randint(0, 1000, (4, 256), device="cuda")
+    record = {}
+    for name in ("train", "decode"):
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                if name == "train":
+                    model(ids, labels=ids).loss.backward()
+                else:
+                    with torch.no_grad():
+                        out = model(ids[:, :255], use_cache=True)
+                        model(ids[:, 255:], cache=getattr(out, CACHE_FIELD), use_cache=True)
+
+        step()  # warm-up: autotuning and lazy initialisation may synchronise once
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+            record[f"{name}_sync_free"] = True
+        except RuntimeError as error:
+            record[f"{name}_sync_free"] = False
+            record[f"{name}_sync"] = "".join(traceback.format_exception(error))[-1500:]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+    return record
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--mixers", default=",".join(MIXERS))
+    parser.add_argument("--positions", default=",".join(POSITIONS))
+    parser.add_argument("--out", default="out/bench/check_train.json")
+    args = parser.parse_args()
+    report = {"environment": environment(), "command": " ".join(sys.argv), "results": []}
+    for mixer in args.mixers.split(","):
+        for position in args.positions.split(","):
+            record = {"mixer": mixer, "position": position}
+            for check in (graph_vs_eager, no_host_sync):
+                try:
+                    record |= check(args.data, mixer, position, args.steps) if check is graph_vs_eager else check(mixer, position)
+                except Exception as error:
+                    torch.cuda.synchronize()
+                    record[f"{check.__name__}_error"] = "".join(traceback.format_exception(error))[-2000:]
+            report["results"].append(record)
+            print(json.dumps({k: v for k, v in record.items() if not k.startswith("loss_") and not k.endswith("_sync")})[:600], flush=True)
+            write_json(args.out, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

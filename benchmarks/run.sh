@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One GPU call: bash benchmarks/run.sh STAGE [STAGE ...]; results under $OUT (or out/gpu).
+#
+# Expects fla 0.6.0 wheels in .whl/ (../shared/tools/device-wheels.sh), the Triton cache in
+# .tcache/ (../shared/tools/triton-cache.sh init) and a prepared token store in .data/shakespeare
+# (srope data prepare shakespeare, then copy the store folder it prints); carry all three.
+# SROPE_COMMIT names the commit the working tree is (the device copy has no .git).
+#   checks      the training step as a CUDA graph against eager, resume, host syncs (12 pairs;
+#               Triton autotuning cut to one config: correctness only, run it after timings)
+#   train       srope train (the CLI) and model.generate, beside fla's GLAForCausalLM
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+source .tcache/use.sh
+R=${OUT:-out/gpu}
+mkdir -p "$R"
+run() { local limit=$1; shift; echo "== $(date +%T) $*"; timeout "$limit" "$@" 2>&1 | tail -n 30; echo "exit ${PIPESTATUS[0]}"; }
+
+for stage in "$@"; do
+  case $stage in
+    checks) run "${CHECKS_LIMIT:-200}" python3 benchmarks/fast_autotune.py benchmarks/check_cuda_train.py --data .data/shakespeare --out "$R/check_train.json" ${CHECKS_ARGS:-} ;;
+    train) run "${TRAIN_LIMIT:-420}" python3 benchmarks/bench_train.py --data .data/shakespeare --out "$R/train.json" ${TRAIN_ARGS:-} ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
+bash .tcache/pack.sh
