@@ -4,7 +4,9 @@
   few steps of ``train()`` on the same data;
 * a graph-mode run stopped and resumed equals the uninterrupted graph-mode run (bitwise);
 * the eager forward + backward of a fixed-shape batch does not synchronise with the host
-  (``torch.cuda.set_sync_debug_mode("error")``), nor does a one-token decode step.
+  (``torch.cuda.set_sync_debug_mode("error")``), nor does a one-token decode step;
+* ``generate`` with decoding replayed from CUDA graphs equals eager ``generate`` on a
+  left-padded batch.
 
     python benchmarks/check_cuda_train.py --data STORE --out out/bench/check_train.json
 """
@@ -91,6 +93,31 @@ def no_host_sync(mixer: str, position: str) -> dict:
     return record
 
 
+def graphed_generate(mixer: str, position: str) -> dict:
+    """generate with decoding replayed from CUDA graphs equals eager generate: a left-padded
+    batch of 3, greedy, float32 and bf16 autocast (recurrent hosts only; others run eagerly)."""
+    torch.manual_seed(0)
+    model = SRopeForCausalLM(preset_config(MIXERS[mixer], position=position, vocab_size=1000, **SIZE)).cuda().eval()
+    ids = torch.randint(3, 1000, (3, 40), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[1, :7], mask[2, :19] = 0, 0  # left padding
+    record = {}
+    for dtype in (None, torch.bfloat16):
+        runs = {}
+        for graphs in (False, True):
+            model.decode_graphs = graphs
+            with torch.autocast("cuda", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0, eos_token_id=None,
+                                     output_scores=True, return_dict_in_generate=True)  # fmt: skip
+            runs[graphs] = (out.sequences, torch.stack(out.scores, 1).float())
+        name = "float32" if dtype is None else "bf16"
+        record[f"{name}_graphs_used"] = len(model._decode_graphs.graphs) > 0
+        record[f"{name}_tokens_equal"] = bool(torch.equal(runs[True][0], runs[False][0]))
+        record[f"{name}_logits_rel_diff"] = _rel(runs[True][1], runs[False][1])
+        model._decode_graphs.graphs.clear()
+    return record
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True)
@@ -103,7 +130,7 @@ def main() -> int:
     for mixer in args.mixers.split(","):
         for position in args.positions.split(","):
             record = {"mixer": mixer, "position": position}
-            for check in (graph_vs_eager, no_host_sync):
+            for check in (graph_vs_eager, no_host_sync, graphed_generate):
                 try:
                     record |= check(args.data, mixer, position, args.steps) if check is graph_vs_eager else check(mixer, position)
                 except Exception as error:

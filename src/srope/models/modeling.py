@@ -16,6 +16,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLinearAttention, LayerState
 from srope.models.configuration import SRopeConfig
+from srope.models.graphed_decode import DecodeGraphs
 from srope.modules import PositionEncoding, ShortConvolution
 from srope.ops.checks import check_cu_seqlens
 
@@ -216,6 +217,8 @@ class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = SRopeModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decode_graphs = True  # replay one-token decoding from CUDA graphs where it applies (graphed_decode.py)
+        self._decode_graphs = DecodeGraphs(self)
         self.post_init()
 
     @classmethod
@@ -249,6 +252,10 @@ class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         """Labels are shifted inside (pass ``labels=input_ids``); -100 is ignored, and with
         ``cu_seqlens`` no token predicts the first token of the next document."""
+        cache = cache if cache is not None else past_key_values
+        if self._decode_graphs.applies(input_ids, cache, attention_mask=attention_mask, inputs_embeds=inputs_embeds, labels=labels,
+                                       cu_seqlens=cu_seqlens, use_cache=use_cache):  # fmt: skip
+            return _output(CausalLMOutputWithPast, cache, logits=self._decode_graphs.step(input_ids, cache))
         out = self.model(
             input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, cache=cache,
             past_key_values=past_key_values, use_cache=use_cache, cu_seqlens=cu_seqlens,
