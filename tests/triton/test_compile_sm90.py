@@ -32,11 +32,10 @@ def test_every_kernel_compiles_for_sm90_without_spills_or_approximate_sincos():
         # With 4 warps the rotation forwards and RoPE's backward keep one predicate register
         # in local memory across libdevice sinf/cosf's branch to their slow path (Payne-Hanek,
         # taken for |x| >= 105615, never after the reduction modulo 2π): a 4-byte store and
-        # load, read from the SASS (stop 22). The projection's backward is capped at 128
-        # registers (two programs per SM) and spills 104-148 bytes on one output tensor and
-        # 212 on the generator's two (the ω map's columns, the gate's): it was still the
-        # fastest tile measured (srope.ops.triton.projection.BACKWARD_TILE), and on the two
-        # parts it took 0.184 ms in the GLA layer against 0.196 before (H200, stop 24).
+        # load, read from the SASS. The projection's backward is capped at 128 registers
+        # (two programs per SM) and spills 104-148 bytes on one output tensor and 212 on the
+        # generator's two (the ω map's columns, the gate's): it was still the fastest tile
+        # measured (srope.ops.triton.projection.BACKWARD_TILE).
         # Nothing else may spill.
         allowed = 8 if report["kernel"] in ("srope_fwd_kernel", "_rope_fwd", "_rope_bwd") and report["warps"] == 4 else 0
         if report["kernel"] == "backward_kernel" and report["WEIGHT_GRAD"]:

@@ -467,10 +467,9 @@ def dphi_kernel(
 ):
     """``dφ_t = Θ · Σ_{s ≥ t, same sequence} dL/dangle_s`` for ``CPP`` chunks and ``HPP`` key
     heads at once: each chunk's tokens last to first, a running suffix (float32 unless
-    float64) plus the float64 carry from later chunks rounded to float32 once. (A tile of
-    16 tokens loaded at once, the suffix summed within each thread, was slower: 0.019 ms
-    against 0.017 at 8x4096x4x128 and 0.080-0.091 against 0.058 at 16x4096x16x64 on the
-    H200, stop 26; it needed 141-215 registers against 38.)"""
+    float64) plus the float64 carry from later chunks rounded to float32 once. (One load of
+    a 16-token tile with the suffix summed within each thread was slower: it needs 141-215
+    registers against 38.)"""
     await_predecessor(PDL)
     slots, b, t0, t_end, valid, h, r, mc, slot_ch, ms = _light_block(
         tl.program_id(0), tl.program_id(1), S, T, NT, N, cu_seqlens, chunk_seq, cu_chunks, Hk, R, BT, CPP, HPP, BR, VARLEN)

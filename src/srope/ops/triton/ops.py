@@ -48,9 +48,9 @@ LIGHT_ELEMENTS = 512
 INTERPRET_SUB_T = 8
 # The chunk sums run with up to 255 registers: chosen when ptxas was seen to spill 48 bytes
 # there (sm_90, R = 64, bf16). Compiled as the JIT specialises them (tests/triton/
-# compile_sm90.py, since stop 22) the current kernel does not spill either way: 40 registers
-# by default, 116 with 255; which is faster is not measured. The rotation kernels keep
-# ptxas's default: with 255 the forward took 6% longer (H200, 8x4096x4x128 bf16, alone).
+# compile_sm90.py) the current kernel does not spill either way: 40 registers by default,
+# 116 with 255; which is faster is not measured. The rotation kernels keep ptxas's default:
+# with 255 registers their forward is slower.
 NO_SPILL = {"maxnreg": 255}
 # q/k dtypes whose rotation forms angles with a float32 in-tile scan (kernels._selective_angles).
 FAST_SCAN_DTYPES = (torch.bfloat16, torch.float16)
