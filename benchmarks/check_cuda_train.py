@@ -118,6 +118,30 @@ def graphed_generate(mixer: str, position: str) -> dict:
     return record
 
 
+def fused_loss() -> dict:
+    """fla's fused linear cross-entropy (the CUDA route of srope.ops.loss) against the float64
+    reference: the summed loss and the hidden-state and head gradients, float32 and bf16."""
+    from srope.ops.loss import summed_cross_entropy
+
+    torch.manual_seed(0)
+    record = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        hidden = torch.randn(4, 1000, 256, device="cuda", dtype=dtype).requires_grad_()
+        weight = (0.05 * torch.randn(32000, 256, device="cuda")).requires_grad_()
+        targets = torch.randint(0, 32000, (4, 1000), device="cuda")
+        targets[1, 100:300] = -100
+        loss = summed_cross_entropy(hidden, weight, targets, fused=True)
+        loss.backward()
+        h64, w64 = hidden.detach().double().requires_grad_(), weight.detach().to(dtype).double().requires_grad_()
+        ref = torch.nn.functional.cross_entropy((h64 @ w64.T).flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
+        ref.backward()
+        name = str(dtype).split(".")[1]
+        record[f"{name}_loss_rel"] = abs(loss.item() - ref.item()) / abs(ref.item())
+        record[f"{name}_dhidden_rel"] = _rel(hidden.grad, h64.grad)
+        record[f"{name}_dweight_rel"] = _rel(weight.grad, w64.grad)
+    return record
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True)
@@ -127,6 +151,11 @@ def main() -> int:
     parser.add_argument("--out", default="out/bench/check_train.json")
     args = parser.parse_args()
     report = {"environment": environment(), "command": " ".join(sys.argv), "results": []}
+    try:
+        report["fused_loss"] = fused_loss()
+    except Exception as error:
+        report["fused_loss"] = {"error": "".join(traceback.format_exception(error))[-2000:]}
+    print(json.dumps({"fused_loss": report["fused_loss"]})[:800], flush=True)
     for mixer in args.mixers.split(","):
         for position in args.positions.split(","):
             record = {"mixer": mixer, "position": position}

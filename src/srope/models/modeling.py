@@ -18,6 +18,7 @@ from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLin
 from srope.models.configuration import SRopeConfig
 from srope.models.graphed_decode import DecodeGraphs
 from srope.modules import PositionEncoding, ShortConvolution
+from srope.ops.loss import summed_cross_entropy
 from srope.ops.checks import check_cu_seqlens
 
 
@@ -248,10 +249,16 @@ class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         cu_seqlens: torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        targets: torch.LongTensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Labels are shifted inside (pass ``labels=input_ids``); -100 is ignored, and with
-        ``cu_seqlens`` no token predicts the first token of the next document."""
+        ``cu_seqlens`` no token predicts the first token of the next document.
+
+        ``targets [B, T]`` (already shifted: ``targets[:, t]`` follows ``input_ids[:, t]``;
+        -100 ignored) returns the *summed* token loss instead of logits, from the final hidden
+        states (:func:`srope.ops.loss.summed_cross_entropy`: fused on CUDA, the logits never
+        materialised); it is what ``srope train`` optimises."""
         cache = cache if cache is not None else past_key_values
         if self._decode_graphs.applies(input_ids, cache, attention_mask=attention_mask, inputs_embeds=inputs_embeds, labels=labels,
                                        cu_seqlens=cu_seqlens, use_cache=use_cache):  # fmt: skip
@@ -261,6 +268,11 @@ class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
             past_key_values=past_key_values, use_cache=use_cache, cu_seqlens=cu_seqlens,
         )
         hidden = out.last_hidden_state
+        if targets is not None:
+            if labels is not None:
+                raise ValueError("pass labels (mean loss, shifted inside) or targets (summed loss, already shifted), not both")
+            loss = summed_cross_entropy(hidden, self.lm_head.weight, targets)
+            return _output(CausalLMOutputWithPast, getattr(out, CACHE_FIELD), loss=loss, logits=None)
         logits = self.lm_head(hidden if not logits_to_keep else hidden[:, -logits_to_keep:])
         loss = None
         if labels is not None:

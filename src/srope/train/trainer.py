@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from srope.models import PRESETS, SRopeForCausalLM, preset_config
@@ -186,10 +185,10 @@ def token_loss_sum(model, batch, device, autocast) -> torch.Tensor:
 
 
 def summed_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None, autocast) -> torch.Tensor:
-    """Summed cross-entropy of ``labels`` (already shifted; IGNORE_INDEX skipped) on device tensors."""
+    """Summed cross-entropy of ``labels`` (already shifted; IGNORE_INDEX skipped) on device
+    tensors: the model's own summed loss (fused on CUDA: the logits are never materialised)."""
     with autocast:
-        logits = model(input_ids, cu_seqlens=cu_seqlens, use_cache=False).logits
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        return model(input_ids, cu_seqlens=cu_seqlens, use_cache=False, targets=labels).loss
 
 
 @torch.no_grad()
