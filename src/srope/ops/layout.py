@@ -34,7 +34,15 @@ class RowLayout:
         if cu_seqlens is not None:
             starts = cu_seqlens[:-1].long()
             self.lengths = cu_seqlens[1:].long() - starts
-            width = int(self.lengths.max()) if self.lengths.numel() else 0
+            # Rows as wide as the longest document. Under torch.compile that width would be a
+            # host sync and a data-dependent shape (a graph break); there the rows are as wide
+            # as the packed batch (no document is longer), a static shape. The extra steps are
+            # zeros past each row's length, like a shorter document's, and never read back;
+            # they cost N·T instead of N·max(lengths) elements.
+            if torch.compiler.is_compiling():
+                width = length
+            else:
+                width = int(self.lengths.max()) if self.lengths.numel() else 0
             steps = torch.arange(width, device=cu_seqlens.device)
             self.valid = steps < self.lengths[:, None]
             self.index = (starts[:, None] + steps).clamp(max=max(length - 1, 0))
