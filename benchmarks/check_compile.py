@@ -7,10 +7,12 @@ geometry of check_cuda_models.py on CUDA under bf16 autocast):
   reason, the innermost srope frame where it happened;
 - the loss and every parameter's gradient from ``torch.compile`` (backend ``--backend``;
   ``fullgraph=True`` where explain found no break) against eager (relative error of all
-  gradients together); on CUDA beside it the scale of bf16 autocast's own error, eager under
-  autocast against eager float32 (``eager_bf16_vs_fp32``, with ``--bf16-scale``);
-- with ``--layouts dense,padded,packed``, the same for a left-padded and a packed batch (a
-  packed batch's layout is data-dependent by design: its sizes come from ``cu_seqlens``).
+  gradients together), the graphs it compiled and the host syncs traced into them (tensors
+  read as Python numbers); on CUDA beside it the scale of bf16 autocast's own error, eager
+  under autocast against eager float32 (``eager_bf16_vs_fp32``, with ``--bf16-scale``);
+- with ``--layouts dense,padded,packed``, the same for a left-padded and a packed batch
+  (``cu_seqlens``: eager sizes its per-document rows from it, compiled code uses the
+  batch's length, a static shape).
 
     python benchmarks/check_compile.py --out FILE [--device cuda] [--backend inductor] [--layouts dense,padded]
         [--mixers gla,attention] [--positions selective_rope]
@@ -23,6 +25,7 @@ import collections
 import traceback
 
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 from common import environment, write_json
 from srope.models import SRopeConfig, SRopeForCausalLM
@@ -90,13 +93,24 @@ def compiled_against_eager(model, ids, kwargs, device, backend, fullgraph, bf16_
     want = loss(ids)
     want_grads = torch.autograd.grad(want, params)
     torch._dynamo.reset()
-    got = torch.compile(loss, backend=backend, fullgraph=fullgraph)(ids)
+    counter = CompileCounterWithBackend(backend)
+    got = torch.compile(loss, backend=counter, fullgraph=fullgraph)(ids)
     got_grads = torch.autograd.grad(got, params)
-    record = {"fullgraph": fullgraph, **_errors(got, got_grads, want, want_grads, named)}
+    record = {"fullgraph": fullgraph, "compiled_graphs": counter.frame_count, "host_syncs": _host_syncs(counter.graphs),
+              **_errors(got, got_grads, want, want_grads, named)}
     if device == "cuda" and bf16_scale:  # the scale of bf16 autocast's own error: eager under autocast against eager float32
         full = _loss_fn(model, kwargs, device, autocast=False)(ids)
         record["eager_bf16_vs_fp32"] = _errors(want, want_grads, full, torch.autograd.grad(full, params), named)
     return record
+
+
+def _host_syncs(graphs) -> int:
+    """Tensor-to-Python scalar reads traced into the graphs. fullgraph=True does not refuse
+    them: it keeps a data-dependent size as an unbacked symbol, a device-to-host copy at run
+    time."""
+    return sum(node.op == "call_method" and node.target in ("item", "tolist")
+               or node.op == "call_function" and node.target is torch.ops.aten._local_scalar_dense.default
+               for graph in graphs for node in graph.graph.nodes)
 
 
 def _errors(got, got_grads, want, want_grads, named) -> dict:
@@ -110,14 +124,16 @@ def _errors(got, got_grads, want, want_grads, named) -> dict:
             "worst_param_error": each[worst], "worst_param": worst}
 
 
-def check(mixer, position, device, backend, layouts=("dense",), bf16_scale=False) -> dict:
-    """Per layout: the breaks, and the compiled step against eager."""
+def check(mixer, position, device, backend, layouts=("dense",), bf16_scale=False, explain=True) -> dict:
+    """Per layout: the breaks, and the compiled step against eager. ``explain=False`` skips
+    explain's extra trace and compiles with ``fullgraph=True``, which raises at any break."""
     model = build(mixer, position, device)
     record = {"mixer": mixer, "position": position}
     for layout in layouts:
         ids, kwargs = batch(model, layout, device)
-        record[layout] = breaks = graph_breaks(model, ids, kwargs, device)
-        breaks.update(compiled_against_eager(model, ids, kwargs, device, backend, breaks["breaks"] == 0, bf16_scale))
+        record[layout] = breaks = graph_breaks(model, ids, kwargs, device) if explain else {}
+        fullgraph = not explain or breaks["breaks"] == 0
+        breaks.update(compiled_against_eager(model, ids, kwargs, device, backend, fullgraph, bf16_scale))
     return record
 
 
