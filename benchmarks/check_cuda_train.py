@@ -119,7 +119,7 @@ def graphed_generate(mixer: str, position: str) -> dict:
 
 
 def fused_loss() -> dict:
-    """fla's fused linear cross-entropy (the CUDA route of srope.ops.loss) against the float64
+    """The CUDA route of srope.ops.loss (fla's fused cross-entropy) against the float64
     reference: the summed loss and the hidden-state and head gradients, float32 and bf16."""
     from srope.ops.loss import summed_cross_entropy
 
@@ -130,7 +130,8 @@ def fused_loss() -> dict:
         weight = (0.05 * torch.randn(32000, 256, device="cuda")).requires_grad_()
         targets = torch.randint(0, 32000, (4, 1000), device="cuda")
         targets[1, 100:300] = -100
-        loss = summed_cross_entropy(hidden, weight, targets, fused=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype is torch.bfloat16):
+            loss = summed_cross_entropy(hidden, weight, targets, fused=True)
         loss.backward()
         h64, w64 = hidden.detach().double().requires_grad_(), weight.detach().to(dtype).double().requires_grad_()
         ref = torch.nn.functional.cross_entropy((h64 @ w64.T).flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
@@ -148,6 +149,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--mixers", default=",".join(MIXERS))
     parser.add_argument("--positions", default=",".join(POSITIONS))
+    parser.add_argument("--only-loss", action="store_true", help="only the fused loss against float64")
     parser.add_argument("--out", default="out/bench/check_train.json")
     args = parser.parse_args()
     report = {"environment": environment(), "command": " ".join(sys.argv), "results": []}
@@ -156,6 +158,9 @@ def main() -> int:
     except Exception as error:
         report["fused_loss"] = {"error": "".join(traceback.format_exception(error))[-2000:]}
     print(json.dumps({"fused_loss": report["fused_loss"]})[:800], flush=True)
+    write_json(args.out, report)
+    if args.only_loss:
+        return 0
     for mixer in args.mixers.split(","):
         for position in args.positions.split(","):
             record = {"mixer": mixer, "position": position}
