@@ -96,7 +96,7 @@ def gla_breakdown(layer, x, autocast, dry_run) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default="benchmarks/results/layer_h200.json")
+    parser.add_argument("--out", default="out/bench/layer.json", help="JSON file (default: out/bench/layer.json)")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU")
     parser.add_argument("--hosts", default=",".join(HOSTS))
     args = parser.parse_args()

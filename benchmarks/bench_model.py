@@ -144,7 +144,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--prefill", type=int, default=2048)
     parser.add_argument("--decode", type=int, default=32)
-    parser.add_argument("--out", default="benchmarks/results/model_h200.json")
+    parser.add_argument("--out", default="out/bench/model.json", help="JSON file (default: out/bench/model.json)")
     parser.add_argument("--dry-run", action="store_true", help="gla-tiny on the CPU, tiny sizes")
     parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph measurements")
     args = parser.parse_args()

@@ -265,7 +265,7 @@ def markdown(report: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="JSON file (a .md table is written beside it)")
+    parser.add_argument("--out", default="out/bench/op.json", help="JSON file, a .md table is written beside it (default: out/bench/op.json)")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, wall-clock timer")
     parser.add_argument("--only", default=",".join(IMPLS), help=f"comma-separated subset of {IMPLS}")
     parser.add_argument("--sweep-block-t", action="store_true", help="also time srope_triton at block_t 16..128")

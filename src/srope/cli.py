@@ -337,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         return args.func(args)
+    except BrokenPipeError:  # `srope ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt as stop:  # srope train's planned stops say where their checkpoint is
         print(f"srope {args.command}: {stop or 'interrupted'}", file=sys.stderr)
         return 128 + int(getattr(stop, "signum", 2))

@@ -67,7 +67,9 @@ def test_cpu_preset_resolves_and_is_small(task):
 def test_cpu_preset_dry_run(task, capsys):
     assert run_synth_command(_parse([task, "--preset", "cpu", "--dry-run"]), srope_model_factory) == 0
     printed = capsys.readouterr().out
-    config = json.loads(printed[: printed.rindex("}") + 1])
+    first, rest = printed.split("\n", 1)
+    assert first.startswith(f"presets for {task}: ") and "cpu" in first  # the presets, then the resolved one
+    config = json.loads(rest[: rest.rindex("}") + 1])
     assert config["threads"] == 1 and config["position_type"] == "selective_rope"
     n_settings = len(get_task(task).settings(resolve_preset(task, "cpu")))
     assert f"{n_settings} settings x 1 runs each:" in printed

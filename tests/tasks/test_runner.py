@@ -219,9 +219,9 @@ def test_cli_handler(tmp_path, capsys):
     assert saved["label"] == "gla/nope" and saved["config"]["group"] == "A3" and saved["overrides"]["position_type"] == "nope"
     assert run_synth_command(_parse(["report", str(tmp_path / "run"), "--out", str(tmp_path / "r.md")]), gru_factory) == 0
     assert "gla/nope" in (tmp_path / "r.md").read_text()
-    with pytest.raises(SystemExit, match="unknown setting"):
+    with pytest.raises(ValueError, match="unknown setting"):
         run_synth_command(_parse(["copying", "--set", "bogus=1", "--out", str(tmp_path / "y")]), gru_factory)
-    with pytest.raises(SystemExit, match="--out"):
+    with pytest.raises(ValueError, match="--out"):
         run_synth_command(_parse(["copying"]), gru_factory)
 
 

@@ -23,7 +23,7 @@ POSITIONS = ("nope", "rope", "selective_rope")
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("task", help=f"one of: {', '.join(TASK_NAMES)}; or 'report' to tabulate result folders")
     parser.add_argument("dirs", nargs="*", help="(report) result folders to compare")
-    parser.add_argument("--preset", default=None, help="task preset (mqar: zoology|paper; mad: paper; copying, state_tracking: authors|paper; state_tracking also paper_a3)")
+    parser.add_argument("--preset", default=None, help="task preset: cpu (small, under a minute on 2 cores), paper, and the task's own (mqar: zoology; copying, state_tracking: authors; state_tracking also paper_a3); --dry-run lists them")
     parser.add_argument("--mixer", default=None, help="token mixer (gla, gated_deltanet, forgetting_attn, attention); default: the preset's")
     parser.add_argument("--position", default=None, choices=POSITIONS, help="position encoding; default: the preset's (selective_rope)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a preset entry (repeatable)")
@@ -50,7 +50,7 @@ def synth_overrides(args: argparse.Namespace) -> dict[str, str]:
 def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     """Handle parsed ``srope synth`` arguments; ``model_factory(request) -> nn.Module``."""
     from srope.tasks.common import preset_dict
-    from srope.tasks.runner import get_task, report, resolve_preset, run_synthetic
+    from srope.tasks.runner import get_task, presets_line, report, resolve_preset, run_synthetic
 
     if args.task == "report":
         if not args.dirs:
@@ -68,6 +68,7 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     cfg = resolve_preset(args.task, args.preset, overrides)
     if args.dry_run:
         settings = get_task(args.task).settings(cfg)
+        print(presets_line(args.task))
         print(json.dumps(preset_dict(cfg), indent=1))
         print(f"{len(settings)} settings x {len(cfg.lrs) * len(cfg.weight_decays) * len(cfg.seeds)} runs each:")
         for s in settings:
