@@ -156,3 +156,16 @@ def test_a_missing_or_damaged_model_folder_is_named(trained_run, eval_store, tmp
     (model / "config.json").write_text(json.dumps({**config, "num_hidden_layers": config["num_hidden_layers"] + 1}))
     with pytest.raises(ValueError, match=re.escape(f"the weights in {model / 'model.safetensors'} do not match {model / 'config.json'}: missing keys: model.layers.")):
         run_eval(model, eval_store, **ok)
+
+
+def test_the_command_names_a_damaged_model_file_in_one_line(trained_run, eval_store, tmp_path, capsys):
+    from srope.cli import main
+
+    model = tmp_path / "model"
+    shutil.copytree(trained_run / "model", model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    argv = ["eval", "--model", str(model), "--data", str(eval_store), "--seq-len", "32", "--device", "cpu", "--out", str(tmp_path / "r.json")]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("srope eval: error: ") and str(weights) in lines[0], lines
