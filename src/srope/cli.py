@@ -67,26 +67,23 @@ def _seed_list(text: str) -> list[int]:
     return seeds
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _checked(convert, accept, expected: str):
+    """An argparse type: ``convert(text)`` that ``accept`` s, else an error saying ``expected``."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
 
 
-def _fraction(text: str) -> float:
-    """argparse type: a number in (0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {value}")
-    return value
+_positive_int = _checked(int, lambda value: value >= 1, "a positive integer")
+_fraction = _checked(float, lambda value: 0 < value < 1, "a number in (0, 1)")
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -128,12 +125,9 @@ def _run_name(*parts) -> str:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from srope.train.trainer import TrainConfig, apply_overrides, train
+    from srope.train.trainer import train
 
-    config = TrainConfig(preset=args.preset, position=args.position, data=args.data, max_steps=args.max_steps, cache=args.cache, tokenizer=args.tokenizer)
-    if args.val_fraction is not None:
-        config = apply_overrides(config, [f"val_fraction={args.val_fraction}"])
-    config = apply_overrides(config, args.set or [])
+    config = _run_config(args)
     out = args.out or os.path.join(OUT, "train", _run_name(config.preset, args.position))
     metrics = train(config, out, resume=args.resume, stop_after=args.stop_after, verbose=True)
     if metrics and os.environ.get("RANK", "0") == "0":
@@ -142,13 +136,15 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from srope.train.sweep import PAPER_LRS, run_sweep_command
+    from srope.train.sweep import PAPER_LRS, format_table, parse_lrs, sweep_lr
 
-    if args.lrs is None:
-        args.lrs = ",".join(f"{lr:g}" for lr in PAPER_LRS)
-    if args.out is None:
-        args.out = os.path.join(OUT, "sweep", _run_name(args.preset, args.position))
-    return run_sweep_command(args)
+    if any(pair.split("=", 1)[0] == "lr" for pair in args.set or []):
+        raise ValueError("sweep-lr sets lr itself: pass the grid with --lrs, not --set lr=...")
+    lrs = parse_lrs(args.lrs) if args.lrs is not None else list(PAPER_LRS)
+    summary = sweep_lr(_run_config(args), args.out or os.path.join(OUT, "sweep", _run_name(args.preset, args.position)), lrs)
+    if os.environ.get("RANK", "0") == "0":
+        print(format_table(summary))
+    return 0 if summary["chosen"] else 1
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -207,6 +203,27 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _add_run_arguments(parser: argparse.ArgumentParser, *, what: str, sets: str = "(repeatable)") -> None:
+    """What srope train and srope sweep-lr both take to describe a run."""
+    parser.add_argument("--preset", required=True, help="model preset (see `srope models`)")
+    parser.add_argument("--position", default="selective_rope", help="nope | rope | selective_rope (options via --set position.KEY=VALUE)")
+    parser.add_argument("--data", default="shakespeare", help="shakespeare | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a prepared token store")
+    parser.add_argument("--cache", default=None, help="data cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
+    parser.add_argument("--tokenizer", default="mistral-v1", help="mistral-v1 (the paper's; default) or a local Hugging Face tokenizer folder")
+    parser.add_argument("--val-fraction", type=_fraction, default=None, help="held-out fraction of the documents of a local or hf source (default 0.01; the same as --set val_fraction=...)")
+    parser.add_argument("--max-steps", type=_positive_int, required=True, help=what)
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help=f"override a TrainConfig field, model.FIELD or position.OPTION {sets}")
+
+
+def _run_config(args: argparse.Namespace):
+    """The TrainConfig the run arguments describe (--set applied and checked)."""
+    from srope.train.trainer import TrainConfig, apply_overrides
+
+    config = TrainConfig(preset=args.preset, position=args.position, data=args.data, max_steps=args.max_steps, cache=args.cache, tokenizer=args.tokenizer)
+    extra = [f"val_fraction={args.val_fraction}"] if args.val_fraction is not None else []
+    return apply_overrides(config, extra + (args.set or []))
+
+
 def _add_train(commands) -> None:
     train = commands.add_parser(
         "train",
@@ -214,17 +231,10 @@ def _add_train(commands) -> None:
         description="Train a model preset on a corpus. A plain .txt file is split into documents at blank lines "
         "(long paragraphs in chunks); a held-out fraction of the documents (--val-fraction) is the validation split.",
     )
-    train.add_argument("--preset", required=True, help="model preset (see `srope models`)")
-    train.add_argument("--position", default="selective_rope", help="nope | rope | selective_rope (options via --set position.KEY=VALUE)")
-    train.add_argument("--data", default="shakespeare", help="shakespeare | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a prepared token store")
-    train.add_argument("--cache", default=None, help="data cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
-    train.add_argument("--tokenizer", default="mistral-v1", help="mistral-v1 (the paper's; default) or a local Hugging Face tokenizer folder")
-    train.add_argument("--max-steps", type=_positive_int, required=True, help="optimiser steps of the whole run (fixes the schedule)")
+    _add_run_arguments(train, what="optimiser steps of the whole run (fixes the schedule)")
     train.add_argument("--out", default=None, help=f"run folder: checkpoints, metrics.jsonl, tensorboard, model/ (default: {OUT}/train/PRESET-POSITION)")
-    train.add_argument("--val-fraction", type=_fraction, default=None, help="held-out fraction of the documents of a local or hf source (default 0.01; the same as --set val_fraction=...)")
     train.add_argument("--stop-after", type=_positive_int, default=None, help="stop after this step with a checkpoint (continue with --resume)")
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    train.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a TrainConfig field, model.FIELD or position.OPTION (repeatable)")
     train.set_defaults(func=_train)
 
 
@@ -235,14 +245,9 @@ def _add_sweep(commands) -> None:
         description="One `srope train` run per learning rate into OUT/lr_<value>/, then OUT/sweep.json and OUT/sweep.png. "
         "Run it again with the same arguments to resume: finished and diverged runs are skipped.",
     )
-    sweep.add_argument("--preset", required=True, help="model preset (see `srope models`)")
-    sweep.add_argument("--position", default="selective_rope", help="nope | rope | selective_rope (options via --set position.KEY=VALUE)")
-    sweep.add_argument("--data", default="shakespeare", help="shakespeare | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a token store")
-    sweep.add_argument("--cache", default=None, help="data cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
-    sweep.add_argument("--max-steps", type=_positive_int, required=True, help="optimiser steps of every run")
+    _add_run_arguments(sweep, what="optimiser steps of every run", sets="(repeatable; not lr)")
     sweep.add_argument("--out", default=None, help=f"sweep folder (default: {OUT}/sweep/PRESET-POSITION)")
     sweep.add_argument("--lrs", default=None, help="comma-separated peak learning rates (default: the paper's grid 5e-4,1e-3,2e-3,4e-3,8e-3,1.6e-2)")
-    sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a TrainConfig field, model.FIELD or position.OPTION (repeatable; not lr)")
     sweep.set_defaults(func=_sweep)
 
 

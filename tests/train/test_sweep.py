@@ -5,29 +5,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from pathlib import Path
 
 import pytest
 
 import srope.train.sweep as sweep_module
-from srope.train.data import prepare_corpus
 from srope.cli import build_parser
 from srope.train.sweep import PAPER_LRS, choose, parse_lrs, run_dir_name, sweep_lr
 from srope.train.trainer import TrainConfig, train
-from tests.train.conftest import make_text
 
 SMALL = dict(preset="gla-tiny", seq_len=32, global_batch_size=4, max_steps=4, checkpoint_every=2, eval_rows=8, tensorboard=False, model={"hidden_size": 32, "num_heads": 2})
 DIVERGES = 1e12  # AdamW steps of ~1e12 per weight: the loss is non-finite by the second step
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tokenizer_dir) -> str:
-    rng = random.Random(5)
-    folder = tmp_path_factory.mktemp("sweep_corpus")
-    for i in range(40):
-        (folder / f"doc{i:02d}.txt").write_text(make_text(rng, rng.randint(20, 200)), encoding="utf-8")
-    return str(prepare_corpus(folder, tokenizer=str(tokenizer_dir), cache=tmp_path_factory.mktemp("cache"), val_fraction=0.2))
 
 
 def _final(run: Path) -> dict:

@@ -22,7 +22,6 @@ the optimum may then lie outside the grid) and ``OUT/sweep.png`` (validation per
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -31,7 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from srope.train.checkpoint import latest_checkpoint
-from srope.train.trainer import TrainConfig, apply_overrides, train
+from srope.train.trainer import TrainConfig, train
 
 PAPER_LRS = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # Table 5 of the paper
 # Settings that do not change what a run computes: a run may be resumed with other values.
@@ -195,18 +194,3 @@ def format_table(summary: dict) -> str:
     if summary.get("chosen_at_grid_edge"):
         lines.append("note: the chosen learning rate is at the edge of the grid; the best one may lie outside it")
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def run_sweep_command(args: argparse.Namespace) -> int:
-    config = TrainConfig(preset=args.preset, position=args.position, data=args.data, max_steps=args.max_steps, cache=args.cache)
-    overrides = args.set or []
-    if any(pair.split("=", 1)[0] == "lr" for pair in overrides):
-        raise ValueError("sweep-lr sets lr itself: pass the grid with --lrs, not --set lr=...")
-    config = apply_overrides(config, overrides)
-    summary = sweep_lr(config, args.out, parse_lrs(args.lrs))
-    if os.environ.get("RANK", "0") == "0":
-        print(format_table(summary))
-    return 0 if summary["chosen"] else 1
