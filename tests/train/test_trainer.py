@@ -176,6 +176,7 @@ def test_a_plain_text_file_trains_end_to_end(tokenizer_dir, tmp_path, capsys, mo
     assert meta["splits"]["val"]["documents"] >= 1 and meta["splits"]["train"]["documents"] >= 5  # ~2,000 characters each
     tokenizer = AutoTokenizer.from_pretrained(out / "model")
     assert tokenizer.pad_token == tokenizer.eos_token and tokenizer.padding_side == "left"
+    assert "import srope.models" in (out / "model" / "README.md").read_text()  # how to load it, beside it
     model = AutoModelForCausalLM.from_pretrained(out / "model")
     assert model.generation_config.pad_token_id == tokenizer.eos_token_id
 

@@ -546,7 +546,25 @@ def export_model(model, corpus, path: Path, world: World) -> None:
         bare.generation_config.pad_token_id = tokenizer.pad_token_id
         bare.save_pretrained(path, state_dict=state)
         tokenizer.save_pretrained(path)
+        (path / "README.md").write_text(MODEL_CARD)
     world.barrier()
+
+
+# transformers knows model_type "srope" only once srope.models is imported; without it, it
+# suggests upgrading transformers. The folder says so itself.
+MODEL_CARD = """# An srope model
+
+Trained with `srope train`. Load it after importing `srope.models`, which registers the
+`srope` model type with transformers:
+
+```python
+import srope.models
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("THIS_FOLDER")
+tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")  # pads with eos, on the left
+```
+"""
 
 
 def generation_tokenizer(folder: Path):
