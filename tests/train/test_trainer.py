@@ -177,6 +177,10 @@ def test_a_plain_text_file_trains_end_to_end(tokenizer_dir, tmp_path, capsys, mo
     tokenizer = AutoTokenizer.from_pretrained(out / "model")
     assert tokenizer.pad_token == tokenizer.eos_token and tokenizer.padding_side == "left"
     assert "import srope.models" in (out / "model" / "README.md").read_text()  # how to load it, beside it
+    run = json.loads((out / "run.json").read_text())
+    assert run["complete"] and run["metrics"]["step"] == 3 and run["provenance"]["command"]
+    assert run["provenance"]["commit"] is None or len(run["provenance"]["commit"]) == 40
+    assert run["provenance"]["seeds"] == [0] and run["provenance"]["wall_s"] > 0 and "torch" in run["provenance"]["versions"]
     model = AutoModelForCausalLM.from_pretrained(out / "model")
     assert model.generation_config.pad_token_id == tokenizer.eos_token_id
 

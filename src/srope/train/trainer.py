@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from srope import provenance
 from srope.models import PRESETS, SRopeForCausalLM, preset_config
 from srope.models.configuration import position_class
 from srope.overrides import coerce, parse_literal
@@ -523,7 +524,7 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         with phases("export"):
             export_model(model, corpus, out / "model", world)
         say(f"model  {out / 'model'} (load: import srope.models; AutoModelForCausalLM.from_pretrained(...))")
-    say(f"logs   {out / 'metrics.jsonl'}" + (f"; tensorboard --logdir {out / 'tensorboard'}" if config.tensorboard else ""))
+    say(f"logs   {out / 'metrics.jsonl'}, {out / 'run.json'} (provenance)" + (f"; tensorboard --logdir {out / 'tensorboard'}" if config.tensorboard else ""))
     steps = phases.seconds.get("steps", 0.0)
     run = last - start
     say("time   " + ", ".join(
@@ -531,6 +532,12 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         for name, value in phases.seconds.items()
     ))  # fmt: skip
     metrics["time_s"] = phases.rounded()
+    if world.is_main:
+        summary = {
+            "provenance": provenance.record(seeds=[config.seed], device=str(world.device), world_size=world.size, wall_s=round(sum(phases.seconds.values()), 3)),
+            "complete": last == config.max_steps, "steps_run": [start, last], "config": asdict(config), "metrics": metrics,
+        }  # fmt: skip
+        (out / "run.json").write_text(json.dumps(summary, indent=2))
     return metrics
 
 
