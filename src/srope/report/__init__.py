@@ -1,0 +1,11 @@
+"""``srope report``: the paper's numbers beside ours, per experiment.
+
+- :mod:`srope.report.paper`: the paper's values, claims and protocols (one checked-in table).
+- :mod:`srope.report.collect`: finds result files (``srope synth``, ``srope train`` / ``sweep-lr``,
+  ``srope eval``, lm-eval, ``srope demo``) and turns them into one record per trained model.
+- :mod:`srope.report.build`: groups those records into table rows (mean ± sd over seeds),
+  applies each experiment's verdict rule and writes the markdown, plots and index.
+- :mod:`srope.report.cli`: the argument parser and handler for ``srope report``.
+
+Importing this package imports nothing heavy.
+"""
