@@ -1,7 +1,9 @@
-"""Plots of one result folder and markdown tables comparing several.
+"""Plots of one result folder and markdown tables comparing several (``srope synth report``).
 
 The paper gives numbers only for MAD (Table 1, GLA, accuracy in %); MQAR, copying and
-state tracking are figures without values, which the tables say.
+state tracking are figures without values, which the tables say. Every row names the commit
+that produced it and marks results that are stale or have no provenance. ``srope report``
+(:mod:`srope.report`) is the fuller comparison across experiments.
 """
 
 from __future__ import annotations
@@ -12,19 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
+from srope.report import paper
+from srope.report.build import STALE_NOTE, UNKNOWN_NOTE
+from srope.report.collect import marks, read_provenance
 from srope.tasks.mad import MAD_TASKS
 
 RESULTS_FILE = "results.json"
 
-# Paper Table 1 (identical in v1 and v3): GLA + position encoding on MAD, accuracy in %.
-PAPER_MAD_TABLE1 = {
-    "NoPE": {"compression": 82.0, "fuzzy-in-context-recall": 8.5, "in-context-recall": 87.3, "memorization": 38.7, "noisy-in-context-recall": 87.6, "selective-copying": 91.1, "average": 65.9},
-    "RoPE": {"compression": 85.2, "fuzzy-in-context-recall": 7.5, "in-context-recall": 92.6, "memorization": 61.4, "noisy-in-context-recall": 91.9, "selective-copying": 96.4, "average": 72.5},
-    "Selective RoPE": {"compression": 85.2, "fuzzy-in-context-recall": 9.0, "in-context-recall": 94.0, "memorization": 57.1, "noisy-in-context-recall": 91.7, "selective-copying": 94.9, "average": 72.0},
-    "+ phase gate": {"compression": 85.1, "fuzzy-in-context-recall": 7.5, "in-context-recall": 96.6, "memorization": 56.9, "noisy-in-context-recall": 94.3, "selective-copying": 93.5, "average": 72.3},
-    "+ bias": {"compression": 85.0, "fuzzy-in-context-recall": 8.4, "in-context-recall": 95.0, "memorization": 61.3, "noisy-in-context-recall": 91.2, "selective-copying": 95.4, "average": 72.7},
-    "+ phase gate & bias": {"compression": 85.4, "fuzzy-in-context-recall": 7.2, "in-context-recall": 95.9, "memorization": 60.4, "noisy-in-context-recall": 95.0, "selective-copying": 95.6, "average": 73.2},
-}
+# Paper Table 1 (identical in v1 and v3): GLA + position encoding on MAD, accuracy in %; the
+# one checked-in table of the paper's values is srope.report.paper.
+PAPER_MAD_TABLE1 = paper.mad_table1()
 NO_PAPER_NUMBERS = {
     "mqar": "The paper shows MQAR only as a figure (Fig. 6, seq 512 / 64 KV pairs, accuracy vs model dimension) without numbers.",
     "copying": "The paper shows copying only as a figure (Fig. 5, accuracy vs length, GLA) without numbers.",
@@ -82,7 +81,9 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _status(results: dict) -> str:
-    return "" if results.get("complete") else " (incomplete)"
+    """`` (incomplete)`` for a sweep still running, and the provenance marker: the commit,
+    ``†`` when the model code changed after it, ``‡`` when the result records no commit."""
+    return ("" if results.get("complete") else " (incomplete)") + f" [{marks(read_provenance(results))}]"
 
 
 def _seeds_spread(entry: dict, key: str) -> tuple[float | None, float | None]:
@@ -163,6 +164,8 @@ def report(dirs: Iterable[Path | str]) -> str:
             parts.append(NO_PAPER_NUMBERS[task])
         elif task == "mad":
             parts.append("Paper rows: Table 1 (GLA, 66 settings x 6 optimiser points). Our MAD accuracy is torchmetrics' macro average, as MAD's.")
+        shown = marks([p for r in results_list for p in read_provenance(r)])
+        parts += [note for note, mark in ((STALE_NOTE, "†"), (UNKNOWN_NOTE, "‡")) if mark in shown]
         seconds = sum(r.get("seconds", 0.0) for r in results_list)
         devices = sorted({r.get("device_name") or r.get("device", "?") for r in results_list})
         parts.append(f"Runs: {sum(len(r['runs']) for r in results_list)}, {seconds:.0f} s in total, on {', '.join(devices)}.")
