@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 import srope.models  # noqa: F401  (Auto registration)
+from srope import provenance
 from srope.eval.cli import add_eval_commands
 from srope.eval.perplexity import rows_per_context, run_eval
 from srope.train.data import open_store
@@ -49,6 +50,7 @@ def test_perplexity_is_exp_mean_loss_of_a_plain_loop_at_every_context(trained_ru
     assert result["train_seq_len"] == TRAIN_SEQ_LEN
     assert [c["seq_len"] for c in result["contexts"]] == [32, 64, 128]
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert result["provenance"]["commit"] == provenance.commit()[0] and result["provenance"]["seeds"] == [0]  # srope report reads it
     png = out.with_suffix(".png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 

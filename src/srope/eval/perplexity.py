@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from srope import provenance
 from srope.train.data import IGNORE_INDEX, PACKING, TokenStore, eval_batches
 
 LOGIT_CHUNK = 1024  # time steps per lm_head + cross-entropy chunk
@@ -394,6 +395,9 @@ def run_eval(
         "seconds": time.perf_counter() - began,
         "title": f"{model_dir.parent.name}/{model_dir.name} on {Path(os.fspath(data)).name} (val)",
     }
+    # the run's seed: the scoring itself draws nothing at random
+    seeds = [train_config["seed"]] if "seed" in train_config else []
+    result["provenance"] = provenance.record(seeds=seeds, device=str(where), wall_s=round(result["seconds"], 3))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     if plot:
