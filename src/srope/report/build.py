@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from srope.report import paper
-from srope.report.collect import Collected, Provenance, Run, collect, marks
+from srope.report.collect import OUR_RECIPE, Collected, Provenance, Run, collect, marks
 
 MARGIN = 0.01  # accuracies in [0, 1]: smaller differences are not an ordering
 LEARNS, FAILS, EXTRAPOLATES = 0.99, 0.9, 0.9  # state tracking: the protocol's stopping threshold; "does not learn" below 0.9
@@ -741,8 +741,8 @@ def _short_panel(panel: str) -> str:
 
 def _verdict_counts(verdicts: list[tuple[str, str, Verdict]]) -> str:
     by_panel: dict[str, list[str]] = {}
-    for panel, _, verdict in verdicts:
-        by_panel.setdefault(_short_panel(panel), []).append(verdict.status)
+    for panel, group, verdict in verdicts:
+        by_panel.setdefault(_short_panel(panel) + (f" ({OUR_RECIPE})" if OUR_RECIPE in group else ""), []).append(verdict.status)
     parts = []
     for panel, statuses in by_panel.items():
         counts = ", ".join(status + (f" x{statuses.count(status)}" if len(statuses) > 1 else "") for status in dict.fromkeys(statuses))

@@ -34,6 +34,7 @@ from typing import Any
 from srope.report import paper
 
 SYNTH_TASKS = ("mqar", "mad", "copying", "state_tracking")
+OUR_RECIPE = "our recipe"  # how a protocol group that is not the paper's protocol says so (srope demo's)
 SKIP_DIRS = {"checkpoints", "tensorboard", "model", ".git", "__pycache__"}
 LABELS = {"nope": "NoPE", "rope": "RoPE", "selective_rope": "Selective RoPE"}
 # srope.modules.SelectiveRoPE's defaults for the options the LM ablation (Table 2) varies;
@@ -400,7 +401,7 @@ def demo_runs(files: list[tuple[Path, dict]]) -> list[Run]:
         fields = {"layers": model.get("num_hidden_layers"), "width": model.get("hidden_size"), "heads": model.get("num_heads"),
                   "train set": "fresh batches", "epochs": None, "batch": cfg.get("batch_size"), "lr": cfg.get("lr"),
                   "train len": data.get("train_len"), "eval len": data.get("eval_len")}
-        description = (f"srope demo --preset {data.get('preset', cfg.get('name'))} (our recipe: length curriculum "
+        description = (f"srope demo --preset {data.get('preset', cfg.get('name'))} ({OUR_RECIPE}: length curriculum "
                        f"{'/'.join(str(s[0]) for s in stages)}, {sum(s[1] for s in stages)} steps; not the paper's protocol)")
         for kind, result in data["results"].items():
             options = cfg.get(kind, {}) if kind in ("rope", "selective_rope") else {}
