@@ -12,7 +12,7 @@ import pytest
 
 from srope.cli import build_parser, main
 
-COMMANDS = ["demo", "models", "data", "data prepare", "train", "sweep-lr", "eval", "lm-eval", "synth", "theory", "bench", "info"]
+COMMANDS = ["demo", "models", "data", "data prepare", "train", "sweep-lr", "eval", "lm-eval", "report", "synth", "theory", "bench", "info"]
 
 
 def _fresh(code: str) -> subprocess.CompletedProcess:

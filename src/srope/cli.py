@@ -276,6 +276,7 @@ def _add_data(commands) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from srope.eval.cli import add_eval_commands
+    from srope.report.cli import add_report_arguments
     from srope.tasks.cli import add_synth_arguments
 
     parser = _Parser(prog="srope", description="Selective Rotary Position Embedding: library, experiments and benchmarks.")
@@ -300,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(commands)
     _add_sweep(commands)
     add_eval_commands(commands)
+    add_report_arguments(commands)
 
     synth = commands.add_parser("synth", help="the paper's synthetic tasks: mqar, mad, copying, state_tracking (or 'report DIR...')")
     add_synth_arguments(synth)

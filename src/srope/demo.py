@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from srope import provenance
 from srope.ops.layout import RowLayout
 from srope.tasks import state_tracking
 from srope.tasks.common import rng_for
@@ -654,6 +655,7 @@ def run_demo(out: str | os.PathLike = "out/demo", device: str = "cpu", seed: int
                            "dropped_seen_in_training": data["dropped_seen_in_training"]},
         "config": _jsonable(dataclasses.asdict(config)),
         "environment": _environment(device),
+        "provenance": provenance.record(seeds=[seed], device=device, wall_s=round(time.perf_counter() - start, 3)),
         "results": {kind: runs[kind] for kind in POSITIONS},
     }
     results["targets"] = check_targets(results)
