@@ -1,8 +1,13 @@
 """``srope synth``: the argument parser and its handler, for ``srope.cli`` to mount.
 
     srope synth TASK [--preset NAME] [--mixer M] [--position P] [--set KEY=VALUE ...] --out DIR
+                     [--jobs N] [--stop-after-steps K] [--resume]
     srope synth TASK ... --dry-run          # print the resolved preset and settings, run nothing
     srope synth report DIR [DIR ...] [--out FILE]
+
+``--jobs N`` trains N of the sweep's runs at once in worker processes; ``--resume``
+continues the sweep in ``--out`` exactly where it stopped (SIGINT, SIGTERM,
+``--stop-after-steps``, or a kill: then from the last checkpoint).
 
 ``--mixer`` and ``--position`` are shorthands for ``--set mixer=...`` and
 ``--set position_type=...``; ``--set model.KEY=V`` / ``--set position.KEY=V`` reach the model
@@ -33,6 +38,13 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--label", default=None, help="row name in reports (default: MIXER/POSITION[+gate][+bias])")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved preset and its settings, then exit")
+    from srope.cli import _positive_int  # srope.cli builds this parser, so it is loaded already
+
+    parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                        help="train N runs of the sweep at once, each in its own process (on the CPU: one torch thread each); same results as one at a time")
+    parser.add_argument("--stop-after-steps", type=_positive_int, default=None, metavar="K",
+                        help="stop after about K optimiser steps (over all runs) with checkpoints; continue with --resume")
+    parser.add_argument("--resume", action="store_true", help="continue the sweep in --out: finished runs are kept, the others continue from their checkpoints")
 
 
 def synth_overrides(args: argparse.Namespace) -> dict[str, str]:
@@ -78,7 +90,10 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
         raise ValueError("--out DIR is required")
     cache = None if args.cache_dir in ("", "none") else args.cache_dir
     results = run_synthetic(args.task, model_factory, out=args.out, overrides=overrides, preset=args.preset, device=args.device,
-                            cache_dir=cache, label=args.label, progress=not args.no_progress)
+                            cache_dir=cache, label=args.label, progress=not args.no_progress, resume=args.resume, jobs=args.jobs,
+                            stop_after_steps=args.stop_after_steps)
     print(report([args.out]))
     print(f"wrote {Path(args.out) / 'results.json'} in {results['seconds']:.0f} s")
+    if not results["complete"]:
+        print(results["stopped"])
     return 0

@@ -15,15 +15,31 @@ stopping rule of the preset (see :class:`srope.tasks.common.TrainConfig`). A pre
 
 Summary: for every setting the optimiser point (lr, weight decay) with the best mean score
 over seeds is chosen (MAD's "best over the grid"); its mean, spread and curves are reported.
+
+Stopping and resuming: a run in progress writes a checkpoint every ``checkpoint_every``
+steps and at a planned stop (SIGINT/SIGTERM, ``stop_after_steps``) into
+``DIR/runs/NAME/checkpoints/`` (:mod:`srope.train.checkpoint`: safetensors, JSON and a
+``weights_only`` optimiser file). ``resume=True`` keeps the finished runs of
+``results.json``, continues the others from their checkpoints and gives the results and
+weights (each record's ``weights_sha256``) of a sweep never stopped, bitwise. A run's
+checkpoints are deleted once its record is in ``results.json``. ``jobs=N`` trains N runs
+at once (:mod:`srope.tasks.parallel`). ``results["provenance"]`` lists every call's
+:func:`srope.provenance.record` (commit, command, seeds, device, wall time), the first first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
+import os
 import platform
+import re
+import shutil
+import signal
+import sys
 import time
 from collections.abc import Callable
 from importlib import metadata
@@ -38,10 +54,16 @@ from tqdm.auto import tqdm
 
 from srope.tasks import copying, mad, mqar, state_tracking
 from srope.tasks.common import IGNORE, ModelRequest, Prepared, Setting, apply_overrides, default_cache_dir, preset_dict, rng_for
+from srope.tasks.parallel import LocalControl
+from srope.train.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
+from srope.train.checkpoint import _load_rng_state, _read as _read_checkpoint
+from srope.train.distributed import World
 
 TASKS = {"mqar": mqar, "mad": mad, "copying": copying, "state_tracking": state_tracking}
 ModelFactory = Callable[[ModelRequest], nn.Module]
-RESULTS_FILE, PLOT_FILE = "results.json", "results.png"
+RESULTS_FILE, PLOT_FILE, RUNS_DIR, WEIGHTS_FILE = "results.json", "results.png", "runs", "model.safetensors"
+# Settings a resumed sweep may change: they change no number it computes.
+RESUME_MAY_CHANGE = frozenset({"checkpoint_every", "save_weights"})
 
 
 def get_task(name: str):
@@ -118,8 +140,21 @@ def _scalars(metrics: dict) -> dict:
 
 
 def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factory: ModelFactory, *, lr: float, weight_decay: float,
-              seed: int, device: torch.device, progress: bool = True) -> dict:
-    """Train one model on one setting with one optimiser point and seed; return its record."""
+              seed: int, device: torch.device, progress: bool = True, run_dir: Path | str | None = None, control: Any = None) -> dict | None:
+    """Train one model on one setting with one optimiser point and seed; return its record.
+
+    With ``run_dir`` the run writes a checkpoint to ``run_dir/checkpoints`` every
+    ``cfg.checkpoint_every`` steps and, when it finds one there, continues from the latest
+    as if it had never stopped: the weights, the optimiser, torch's RNG states (through
+    :mod:`srope.train.checkpoint`), the batch stream's RNG and position in its epoch, the
+    epoch's loss sums, the evaluations so far and the stopping rule's counters. With
+    ``cfg.save_weights`` the final weights go to ``run_dir/model.safetensors``; the record
+    carries their sha256 either way.
+
+    ``control`` (see :mod:`srope.tasks.parallel`) is told of every step and asked after every
+    evaluation whether to stop; on a stop the run checkpoints (with ``run_dir``) and
+    returns None.
+    """
     start = time.perf_counter()
     torch.manual_seed(seed)
     model = model_factory(model_request(task, cfg, setting))
@@ -141,7 +176,8 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             return logits_of(x.to(device)).argmax(-1).cpu()
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=weight_decay)
-    per_epoch = prepared.train.steps_per_epoch
+    stream = prepared.train
+    per_epoch = stream.steps_per_epoch
     total = per_epoch * cfg.epochs
     for cap in (prepared.total_steps, cfg.max_steps):
         total = total if cap is None else min(total, cap)
@@ -149,11 +185,36 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
     shuffle_rng = rng_for(seed, "shuffle", task, setting.name)
     history, best, last = [], None, None
     since_best, step, stopped, diverged = 0, 0, None, False
-    bar = tqdm(total=total, desc=f"{setting.name} lr={lr:g} wd={weight_decay:g} seed={seed}", disable=not progress, leave=False, dynamic_ncols=True)
-    for epoch in range(epochs):
+    identity = {"task": task, "setting": setting.name, "lr": lr, "weight_decay": weight_decay, "seed": seed}
+    first_epoch, seconds_before, resumed = 0, 0.0, None
+    run_dir = None if run_dir is None else Path(run_dir)
+    if run_dir is not None and (latest := latest_checkpoint(run_dir)) is not None:
+        resumed = _load_run_checkpoint(latest, model, optimizer)
+        if resumed.get("run") != identity:
+            raise CheckpointError(f"{latest}: a checkpoint of the run {resumed.get('run')}, not of {identity}; remove it or choose another --out")
+        step, first_epoch, seconds_before = resumed["step"], resumed["epoch"], resumed["seconds"]
+        history, best, last, since_best = resumed["history"], resumed["best"], resumed["last"], resumed["since_best"]
+        # an epoch's order is drawn when it begins; sampled batches are drawn one by one
+        shuffle_rng.bit_generator.state = resumed["rng_epoch"] if getattr(stream, "replays_epoch_start", True) else resumed["rng_now"]
+
+    def checkpoint(epoch: int, position: int, rng_epoch: dict, loss_sum: float, loss_count: int) -> None:
+        state = {
+            "run": identity, "epoch": epoch, "position": position, "rng_epoch": rng_epoch, "rng_now": shuffle_rng.bit_generator.state,
+            "loss_sum": loss_sum, "loss_count": loss_count, "history": history, "best": best, "last": last, "since_best": since_best,
+            "seconds": seconds_before + time.perf_counter() - start,
+        }  # fmt: skip
+        save_checkpoint(run_dir, step, model, optimizer, state, World())
+
+    bar = tqdm(total=total, initial=step, desc=f"{setting.name} lr={lr:g} wd={weight_decay:g} seed={seed}", disable=not progress, leave=False, dynamic_ncols=True)
+    for epoch in range(first_epoch, epochs):
+        if resumed is not None and epoch == first_epoch:  # the epoch in progress at the checkpoint
+            position, rng_epoch, loss_count = resumed["position"], resumed["rng_epoch"], resumed["loss_count"]
+            loss_sum = torch.full((), resumed["loss_sum"], device=device)
+        else:
+            position, rng_epoch, loss_count = 0, shuffle_rng.bit_generator.state, 0
+            loss_sum = torch.zeros((), device=device)
         model.train()
-        loss_sum, loss_count = torch.zeros((), device=device), 0
-        for x_np, y_np in prepared.train.epoch(epoch, shuffle_rng):
+        for x_np, y_np in stream.epoch(epoch, shuffle_rng, start=position):
             if step >= total:
                 break
             x, y = torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
@@ -171,12 +232,19 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             loss_sum += loss.detach()
             loss_count += 1
             step += 1
+            position += 1
             bar.update(1)
             if step % 50 == 0:  # synchronise with the device only now and then
                 mean_loss = float(loss_sum) / loss_count
                 if not math.isfinite(mean_loss):
                     break
                 bar.set_postfix(loss=f"{mean_loss:.4f}", score=f"{last['score']:.3f}" if last else "-")
+            stop = control is not None and control.step_done()
+            if run_dir is not None and (stop or step % cfg.checkpoint_every == 0):
+                checkpoint(epoch, position, rng_epoch, float(loss_sum), loss_count)
+            if stop:
+                bar.close()
+                return None
         mean_loss = float(loss_sum) / loss_count if loss_count else None
         if mean_loss is not None and not math.isfinite(mean_loss):
             diverged, stopped, mean_loss = True, "diverged", None
@@ -195,14 +263,63 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         if cfg.patience is not None and since_best >= cfg.patience:
             stopped = "patience"
             break
+        if control is not None and epoch + 1 < epochs and control.requested():  # a long evaluation may have outlasted a signal
+            if run_dir is not None:
+                checkpoint(epoch + 1, 0, shuffle_rng.bit_generator.state, 0.0, 0)
+            bar.close()
+            return None
     bar.close()
     chosen = best if cfg.select == "best" else last
-    return {
+    record = {
         "setting": setting.name, "group": setting.group, "x": setting.x, "lr": lr, "weight_decay": weight_decay, "seed": seed,
         "score": chosen["score"], "metrics": chosen, "final": _scalars(last), "best": _scalars(best),
         "steps": step, "planned_steps": total, "epochs": len(history), "stopped": stopped, "diverged": diverged,
-        "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.perf_counter() - start, 3), "history": history,
+        "parameters": sum(p.numel() for p in model.parameters()), "weights_sha256": weights_digest(model),
+        "seconds": round(seconds_before + time.perf_counter() - start, 3), "history": history,
     }
+    if run_dir is not None and cfg.save_weights:
+        from safetensors.torch import save_model
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_model(model, str(run_dir / WEIGHTS_FILE))
+    return record
+
+
+def _load_run_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """:func:`srope.train.checkpoint.load_checkpoint` for one process, except that a parameter
+    without optimiser state is no error: AdamW keeps none for a weight that never had a
+    gradient (MAD's compression task wraps the model and leaves its output head unused)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    def weights_and_aliases(file: Path):
+        with safe_open(file, framework="pt") as f:
+            aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+        weights = load_file(file)
+        return {**weights, **{name: weights[source] for name, source in aliases.items()}}
+
+    state = _read_checkpoint(path / "trainer_state.json", "trainer state", lambda p: json.loads(p.read_text()))
+    weights = _read_checkpoint(path / "model.safetensors", "model weights", weights_and_aliases)
+    optim_state = _read_checkpoint(path / "optimizer.pt", "optimizer state", lambda p: torch.load(p, weights_only=True))
+    try:
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True, strict=False))
+    except (KeyError, RuntimeError, ValueError) as error:
+        raise CheckpointError(f"{path}: the checkpoint does not fit this model and optimiser ({' '.join(str(error).split())[:300]})") from error
+    _load_rng_state(path / "rng_rank0")
+    return state
+
+
+def weights_digest(model: nn.Module) -> str:
+    """sha256 over the model's state dict (names, dtypes, shapes and bytes, in order): equal
+    digests mean bitwise equal weights."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _curve_stats(records: list[dict]) -> dict:
@@ -257,25 +374,139 @@ def default_label(cfg) -> str:
 
 def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, overrides: dict[str, Any] | None = None, preset: str | None = None,
                   device: str | torch.device | None = None, cache_dir: Path | str | None = "default", label: str | None = None,
-                  progress: bool = True, plot: bool = True) -> dict:
+                  progress: bool = True, plot: bool = True, resume: bool = False, jobs: int = 1, stop_after_steps: int | None = None) -> dict:
     """Run ``task`` (``"mqar"``, ``"mad"``, ``"copying"``, ``"state_tracking"``) for one model.
 
     ``overrides`` are ``--set`` style (``{"lrs": "1e-3", "model.hidden_size": 64,
     "position_type": "rope"}``; unknown keys raise ValueError). ``cache_dir="default"`` uses
     ``$SROPE_CACHE`` or ``~/.cache/srope``; ``None`` keeps data in memory only. Returns the
     results dict that is also written to ``out/results.json``.
+
+    ``out`` must be new or empty unless ``resume``: then the sweep in ``out`` continues with
+    the same settings (a difference raises ValueError naming it): its finished runs are
+    kept, the runs in progress continue from their checkpoints (``out/runs/NAME/``), and
+    the result equals that of a sweep never stopped, bitwise. ``jobs`` runs that many runs
+    at once in worker processes (:mod:`srope.tasks.parallel`), with the same results.
+    ``stop_after_steps`` ends this call after about that many optimiser steps, with
+    checkpoints, and returns the partial results (``"complete": False``); a SIGINT or
+    SIGTERM ends it after the step in progress the same way and raises
+    ``srope.train.trainer.StopRequested``. Each call appends its provenance
+    (:func:`srope.provenance.record`) to ``results["provenance"]``.
     """
     module = get_task(task)
     preset_name = module.DEFAULT_PRESET if preset is None else preset
     cfg = resolve_preset(task, preset_name, overrides)
+    for name, value in (("jobs", jobs), ("stop_after_steps", stop_after_steps)):
+        if (value is not None or name == "jobs") and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for but no CUDA GPU is visible")
+    if jobs > 1:
+        from srope.tasks.parallel import check_picklable
+
+        check_picklable(model_factory, jobs)
     cache = default_cache_dir() if cache_dir == "default" else cache_dir
     out = Path(out)
+    results = _previous_results(out, task, preset_name, cfg, resume)
+    if results is not None and results.get("complete"):
+        return results
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    with cpu_threads(getattr(cfg, "threads", 0), dev):
-        return _run(task, module, preset_name, cfg, model_factory, out, overrides, dev, cache, label, progress, plot)
+    # On the CPU a worker of a concurrent sweep runs on one thread: see srope.tasks.parallel.
+    threads = getattr(cfg, "threads", 0) or (0 if jobs == 1 else 1 if dev.type == "cpu" else max(1, (os.cpu_count() or 1) // jobs))
+    try:
+        with cpu_threads(threads if jobs == 1 else 0, dev):
+            if results is None:
+                results = {
+                    "task": task, "preset": preset_name, "label": label or default_label(cfg), "mixer": cfg.mixer, "position_type": cfg.position_type,
+                    "overrides": {k: str(v) for k, v in (overrides or {}).items()}, "config": preset_dict(cfg),
+                    "settings": [dataclasses.asdict(s) for s in module.settings(cfg)], **environment(dev), "complete": False, "runs": [], "provenance": [],
+                }  # fmt: skip
+                if jobs > 1:
+                    results["threads"] = threads
+            elif label is not None:
+                results["label"] = label
+            return _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress, plot, resume, jobs, threads, stop_after_steps)
+    except Exception:
+        if not resume and not _has_progress(out):  # a failed start leaves nothing behind
+            if created:
+                shutil.rmtree(out, ignore_errors=True)
+            else:
+                (out / RESULTS_FILE).unlink(missing_ok=True)
+                shutil.rmtree(out / RUNS_DIR, ignore_errors=True)
+        raise
+
+
+def _previous_results(out: Path, task: str, preset_name: str, cfg, resume: bool) -> dict | None:
+    """The results of the sweep in ``out`` to continue (``resume``), or None to start one;
+    refuses to start over a sweep, and to resume nothing or with other settings."""
+    path = out / RESULTS_FILE
+    if not resume:
+        if path.exists() or (out / RUNS_DIR).exists():
+            raise FileExistsError(f"{out} already holds a srope synth run: pass --resume to continue it, or choose another --out")
+        return None
+    if not path.exists():
+        raise FileNotFoundError(f"--resume: {out} holds no {RESULTS_FILE} of a srope synth run to continue; start without --resume")
+    try:
+        results = json.loads(path.read_text())
+        before = {"task": results["task"], "preset": results["preset"], **results["config"]}
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"--resume: {path} is not the results of a srope synth run ({type(error).__name__}: {error})") from None
+    now = {"task": task, "preset": preset_name, **preset_dict(cfg)}
+    changed = [f"{key} {before.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
+               for key in dict.fromkeys([*before, *now]) if key not in RESUME_MAY_CHANGE and before.get(key) != now.get(key)]
+    if changed:
+        raise ValueError(f"--resume: settings differ from the run in {out} (the run's -> now): {'; '.join(changed)}; resume with the same settings or choose another --out")
+    return results
+
+
+def _has_progress(out: Path) -> bool:
+    """Whether a sweep in ``out`` finished a run or wrote a checkpoint."""
+    try:
+        finished = json.loads((out / RESULTS_FILE).read_text()).get("runs")
+    except (OSError, ValueError):
+        finished = None
+    return bool(finished) or any((out / RUNS_DIR).glob("*/checkpoints/step_*"))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep: what :func:`run_one` needs, picklable for a worker process."""
+
+    index: int  # in grid order: settings, then learning rates, weight decays, seeds
+    task: str
+    cfg: Any
+    setting: Setting
+    cache: Path | str | None
+    lr: float
+    weight_decay: float
+    seed: int
+    run_dir: Path  # its checkpoints, and its weights with save_weights
+
+    @property
+    def key(self) -> tuple:
+        return (self.setting.name, self.lr, self.weight_decay, self.seed)
+
+
+def _record_key(record: dict) -> tuple:
+    return (record["setting"], record["lr"], record["weight_decay"], record["seed"])
+
+
+def run_name(index: int, setting: str, lr: float, weight_decay: float, seed: int) -> str:
+    """The run's folder name under ``DIR/runs``: its grid index, then its setting and point."""
+    return f"{index:04d}-{re.sub(r'[^A-Za-z0-9.=_-]+', '_', setting)}-lr{lr:g}-wd{weight_decay:g}-seed{seed}"
+
+
+def run_one(spec: RunSpec, model_factory: ModelFactory, device: torch.device, control, prepared_by_setting: dict, progress: bool) -> dict | None:
+    """Train ``spec`` (continuing from its checkpoint if it has one); its setting's data is
+    prepared once and kept in ``prepared_by_setting`` for the runs that follow."""
+    prepared = prepared_by_setting.get(spec.setting.name)
+    if prepared is None:
+        prepared_by_setting.clear()
+        prepared = prepared_by_setting[spec.setting.name] = get_task(spec.task).prepare(spec.cfg, spec.setting, spec.cache)
+    return train_run(spec.task, spec.cfg, spec.setting, prepared, model_factory, lr=spec.lr, weight_decay=spec.weight_decay, seed=spec.seed,
+                     device=device, progress=progress, run_dir=spec.run_dir, control=control)
 
 
 @contextlib.contextmanager
@@ -298,38 +529,91 @@ def cpu_threads(threads: int, device: torch.device):
         torch.set_num_threads(before)
 
 
-def _run(task, module, preset_name, cfg, model_factory, out, overrides, dev, cache, label, progress, plot) -> dict:
-    """The sweep of :func:`run_synthetic` once its arguments are resolved."""
-    settings = module.settings(cfg)
-    results: dict[str, Any] = {
-        "task": task, "preset": preset_name, "label": label or default_label(cfg), "mixer": cfg.mixer, "position_type": cfg.position_type,
-        "overrides": {k: str(v) for k, v in (overrides or {}).items()}, "config": preset_dict(cfg),
-        "settings": [dataclasses.asdict(s) for s in settings], **environment(dev), "complete": False, "runs": [],
-    }
-    start = time.perf_counter()
-    grid = [(lr, wd, seed) for lr in cfg.lrs for wd in cfg.weight_decays for seed in cfg.seeds]
-    outer = tqdm(total=len(settings) * len(grid), desc=f"{task} {results['label']}", disable=not progress, dynamic_ncols=True)
-    for setting in settings:
-        prepared = module.prepare(cfg, setting, cache)
+def _say(text: str) -> None:
+    tqdm.write(text, file=sys.stderr)
+
+
+def _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress, plot, resume, jobs, threads, stop_after_steps) -> dict:
+    """The sweep of :func:`run_synthetic` once its arguments are resolved and checked."""
+    from srope import provenance
+
+    specs, grid = [], [(lr, wd, seed) for lr in cfg.lrs for wd in cfg.weight_decays for seed in cfg.seeds]
+    for setting in module.settings(cfg):
         for lr, wd, seed in grid:
-            record = train_run(task, cfg, setting, prepared, model_factory, lr=lr, weight_decay=wd, seed=seed, device=dev, progress=progress)
-            results["runs"].append(record)
-            results["seconds"] = round(time.perf_counter() - start, 3)
-            _write(out, results)
-            outer.update(1)
-            outer.set_postfix(score=f"{record['score']:.3f}")
+            specs.append(RunSpec(len(specs), task, cfg, setting, cache, lr, wd, seed, out / RUNS_DIR / run_name(len(specs), setting.name, lr, wd, seed)))
+    done = {_record_key(record): record for record in results["runs"]}
+    pending = [spec for spec in specs if spec.key not in done]
+    began = time.perf_counter()
+    call = provenance.record(seeds=list(cfg.seeds), device=str(dev), wall_s=0.0, jobs=jobs, threads=threads or torch.get_num_threads(), resumed=resume)
+    results.setdefault("provenance", []).append(call)
+    outer = tqdm(total=len(specs), initial=len(specs) - len(pending), desc=f"{task} {results['label']}", disable=not progress, dynamic_ncols=True)
+
+    def write() -> None:
+        call["wall_s"] = round(time.perf_counter() - began, 3)
+        results["runs"] = [done[spec.key] for spec in specs if spec.key in done]
+        results["seconds"] = round(sum(p.get("wall_s", 0.0) for p in results["provenance"]), 3)
+        _write(out, results)
+
+    def finished(spec: RunSpec, record: dict) -> None:
+        done[spec.key] = record
+        write()
+        shutil.rmtree(spec.run_dir / "checkpoints", ignore_errors=True)  # only once results.json holds the record
+        _remove_if_empty(spec.run_dir)
+        outer.update(1)
+        outer.set_postfix(score=f"{record['score']:.3f}")
+
+    write()  # from the first moment, so that --resume finds the sweep
+    signum = None
+    if pending and jobs == 1:
+        signum = _run_here(pending, model_factory, dev, stop_after_steps, finished, progress)
+    elif pending:
+        from srope.tasks.parallel import run_pool
+
+        signum = run_pool(pending, model_factory, dev, jobs=jobs, threads=threads, stop_after_steps=stop_after_steps, on_done=finished, say=_say)
     outer.close()
+    if len(done) < len(specs):
+        write()
+        message = f"{len(done)} of {len(specs)} runs done, the runs in progress checkpointed under {out / RUNS_DIR}; continue with --resume"
+        if signum is not None:
+            from srope.train.trainer import StopRequested
+
+            raise StopRequested(signum, f"stopped by {signal.Signals(signum).name}: {message}")
+        results["stopped"] = f"stopped after --stop-after-steps {stop_after_steps}: {message}"
+        return results
+    results.pop("stopped", None)
     results["summary"] = summarize(results["runs"])
     if hasattr(module, "aggregate"):
         results["aggregate"] = module.aggregate(results["summary"])
     results["complete"] = True
-    results["seconds"] = round(time.perf_counter() - start, 3)
-    _write(out, results)
+    write()
+    _remove_if_empty(out / RUNS_DIR)
     if plot:
         from srope.tasks.report import plot_results
 
         plot_results(results, out / PLOT_FILE)
     return results
+
+
+def _run_here(specs: list[RunSpec], model_factory, device, stop_after_steps, finished, progress) -> int | None:
+    """The sweep's runs one after another in this process; the number of the signal that stopped it, or None."""
+    from srope.train.trainer import _StopSignals
+
+    prepared: dict = {}
+    with _StopSignals(_say) as signals:
+        control = LocalControl(signals, stop_after_steps)
+        for spec in specs:
+            if control.requested():
+                break
+            record = run_one(spec, model_factory, device, control, prepared, progress)
+            if record is None:
+                break
+            finished(spec, record)
+    return signals.signum
+
+
+def _remove_if_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def _write(out: Path, results: dict) -> None:
