@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from srope.tasks import report, run_synthetic
+from srope.tasks import run_synthetic
 from srope.tasks.cli import add_synth_arguments, run_synth_command
 from srope.tasks.common import ArrayStream, Prepared, Setting, apply_overrides
-from srope.tasks.runner import learning_rate, resolve_preset, train_run
+from srope.tasks.runner import learning_rate, report, resolve_preset, train_run  # srope.tasks.report is also a module's name
 from srope.tasks.state_tracking import PRESETS as ST_PRESETS
 from srope.cli import srope_model_factory
 from tests.tasks.standin import gru_factory

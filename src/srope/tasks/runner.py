@@ -467,7 +467,7 @@ def _has_progress(out: Path) -> bool:
         finished = json.loads((out / RESULTS_FILE).read_text()).get("runs")
     except (OSError, ValueError):
         finished = None
-    return bool(finished) or any((out / RUNS_DIR).glob("*/checkpoints/step_*"))
+    return bool(finished) or any(latest_checkpoint(run) is not None for run in (out / RUNS_DIR).glob("*"))
 
 
 @dataclasses.dataclass(frozen=True)
