@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 
 from srope.cli import main
 from srope.train.checkpoint import CheckpointError, latest_checkpoint
-from srope.train.trainer import StopRequested, TrainConfig, train
+from srope.train.stops import StopRequested
+from srope.train.trainer import TrainConfig, train
 from tests.train.test_trainer import SMALL, losses
 
 ROOT = Path(__file__).resolve().parents[2]

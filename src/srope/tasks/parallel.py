@@ -13,7 +13,7 @@ CPU). The design keeps a concurrent sweep equal to the sequential one, bitwise:
 - The parent alone writes ``results.json``: it merges each finished run's record in grid
   order. Workers write only their run's checkpoints and weights.
 - Stops: the workers ignore SIGINT and SIGTERM; the parent takes them (``srope train``'s
-  ``_StopSignals``) and sets a shared event, and every worker checkpoints after its step in
+  ``StopSignals``) and sets a shared event, and every worker checkpoints after its step in
   progress and returns. ``--stop-after-steps`` is a counter shared by the workers, so it
   stops the sweep after about that many steps (each worker finishes its step). A worker
   whose parent is gone stops the same way. A second signal kills the workers; their runs
@@ -41,7 +41,7 @@ from typing import Any
 
 class LocalControl:
     """Stop requests of a sweep run in this process: a signal (``signals.signum``, from
-    ``_StopSignals``) or ``budget`` optimiser steps taken."""
+    ``StopSignals``) or ``budget`` optimiser steps taken."""
 
     def __init__(self, signals, budget: int | None):
         self.signals, self.budget, self.steps = signals, budget, 0
@@ -110,13 +110,13 @@ def run_pool(specs: list, model_factory, device, *, jobs: int, threads: int, sto
     ``on_done(spec, record)`` in this process as each run finishes. Returns the number of
     the signal that stopped the sweep, or None (all done, or the step budget spent). A
     worker's error stops the others (with checkpoints) and is raised here."""
-    from srope.train.trainer import _StopSignals
+    from srope.train.stops import StopSignals
 
     check_picklable(model_factory, jobs)
     context = multiprocessing.get_context("spawn")
     event, counter = context.Event(), context.Value("q", 0)
     errors: list[BaseException] = []
-    with _StopSignals(say) as signals:
+    with StopSignals(say) as signals:
         pool = ProcessPoolExecutor(max_workers=min(jobs, len(specs)), mp_context=context, initializer=_init_worker,
                                    initargs=(event, counter, stop_after_steps, os.getpid(), threads))
         try:

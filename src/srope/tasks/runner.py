@@ -55,8 +55,7 @@ from tqdm.auto import tqdm
 from srope.tasks import copying, mad, mqar, state_tracking
 from srope.tasks.common import IGNORE, ModelRequest, Prepared, Setting, apply_overrides, default_cache_dir, preset_dict, rng_for
 from srope.tasks.parallel import LocalControl
-from srope.train.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
-from srope.train.checkpoint import _load_rng_state, _read as _read_checkpoint
+from srope.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from srope.train.distributed import World
 
 TASKS = {"mqar": mqar, "mad": mad, "copying": copying, "state_tracking": state_tracking}
@@ -189,7 +188,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
     first_epoch, seconds_before, resumed = 0, 0.0, None
     run_dir = None if run_dir is None else Path(run_dir)
     if run_dir is not None and (latest := latest_checkpoint(run_dir)) is not None:
-        resumed = _load_run_checkpoint(latest, model, optimizer)
+        resumed = load_checkpoint(latest, model, optimizer, World(), strict_optimizer=False)
         if resumed.get("run") != identity:
             raise CheckpointError(f"{latest}: a checkpoint of the run {resumed.get('run')}, not of {identity}; remove it or choose another --out")
         step, first_epoch, seconds_before = resumed["step"], resumed["epoch"], resumed["seconds"]
@@ -285,32 +284,6 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
     return record
 
 
-def _load_run_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """:func:`srope.train.checkpoint.load_checkpoint` for one process, except that a parameter
-    without optimiser state is no error: AdamW keeps none for a weight that never had a
-    gradient (MAD's compression task wraps the model and leaves its output head unused)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-
-    def weights_and_aliases(file: Path):
-        with safe_open(file, framework="pt") as f:
-            aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
-        weights = load_file(file)
-        return {**weights, **{name: weights[source] for name, source in aliases.items()}}
-
-    state = _read_checkpoint(path / "trainer_state.json", "trainer state", lambda p: json.loads(p.read_text()))
-    weights = _read_checkpoint(path / "model.safetensors", "model weights", weights_and_aliases)
-    optim_state = _read_checkpoint(path / "optimizer.pt", "optimizer state", lambda p: torch.load(p, weights_only=True))
-    try:
-        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
-        set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True, strict=False))
-    except (KeyError, RuntimeError, ValueError) as error:
-        raise CheckpointError(f"{path}: the checkpoint does not fit this model and optimiser ({' '.join(str(error).split())[:300]})") from error
-    _load_rng_state(path / "rng_rank0")
-    return state
-
-
 def weights_digest(model: nn.Module) -> str:
     """sha256 over the model's state dict (names, dtypes, shapes and bytes, in order): equal
     digests mean bitwise equal weights."""
@@ -390,7 +363,7 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
     ``stop_after_steps`` ends this call after about that many optimiser steps, with
     checkpoints, and returns the partial results (``"complete": False``); a SIGINT or
     SIGTERM ends it after the step in progress the same way and raises
-    ``srope.train.trainer.StopRequested``. Each call appends its provenance
+    ``srope.train.stops.StopRequested``. Each call appends its provenance
     (:func:`srope.provenance.record`) to ``results["provenance"]``.
     """
     module = get_task(task)
@@ -575,7 +548,7 @@ def _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress,
         write()
         message = f"{len(done)} of {len(specs)} runs done, the runs in progress checkpointed under {out / RUNS_DIR}; continue with --resume"
         if signum is not None:
-            from srope.train.trainer import StopRequested
+            from srope.train.stops import StopRequested
 
             raise StopRequested(signum, f"stopped by {signal.Signals(signum).name}: {message}")
         results["stopped"] = f"stopped after --stop-after-steps {stop_after_steps}: {message}"
@@ -596,10 +569,10 @@ def _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress,
 
 def _run_here(specs: list[RunSpec], model_factory, device, stop_after_steps, finished, progress) -> int | None:
     """The sweep's runs one after another in this process; the number of the signal that stopped it, or None."""
-    from srope.train.trainer import _StopSignals
+    from srope.train.stops import StopSignals
 
     prepared: dict = {}
-    with _StopSignals(_say) as signals:
+    with StopSignals(_say) as signals:
         control = LocalControl(signals, stop_after_steps)
         for spec in specs:
             if control.requested():

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_model_state_dict, set_optimizer_state_dict
 
 from srope.train.distributed import World
 
@@ -129,8 +129,11 @@ def save_checkpoint(out: Path, step: int, model: nn.Module, optimizer: torch.opt
     return final
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, world: World) -> dict:
-    """Restore weights, optimiser and RNG states; return ``trainer_state.json``."""
+def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *, strict_optimizer: bool = True) -> dict:
+    """Restore weights, optimiser and RNG states; return ``trainer_state.json``.
+
+    ``strict_optimizer=False`` accepts a parameter without optimiser state: AdamW keeps none
+    for a weight that never had a gradient (an output head that a task leaves unused)."""
     path = Path(path)
     from safetensors import safe_open
 
@@ -145,7 +148,8 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
         weights[name] = weights[source]
     optim_state = _read(path / "optimizer.pt", "optimizer state", lambda p: torch.load(p, weights_only=True))
     try:
-        set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim_state, options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True, strict=strict_optimizer))
     except (KeyError, RuntimeError, ValueError) as error:
         raise CheckpointError(f"{path}: the checkpoint does not fit this model and optimiser ({' '.join(str(error).split())[:300]})") from error
     _load_rng_state(path / f"rng_rank{world.rank}")

@@ -23,7 +23,6 @@ import json
 import math
 import shutil
 import signal
-import threading
 import time
 import typing
 from dataclasses import asdict, dataclass, field
@@ -41,20 +40,12 @@ from srope.train.checkpoint import latest_checkpoint, load_checkpoint, save_chec
 from srope.train.data import IGNORE_INDEX, PackedBatches, eval_batches, load_corpus
 from srope.train.distributed import World, close_world, init_world, unwrap, wrap_model
 from srope.train.graphed import GraphCaptureError, StepGraph
+from srope.train.stops import StopRequested, StopSignals
 from srope.train.optim import build_optimizer, warmup_cosine
 
 
 # Settings a resumed run may change (they do not affect the numbers computed).
 RESUME_MAY_CHANGE = {"checkpoint_every", "log_every", "eval_every", "tensorboard", "device", "cache", "cuda_graph"}
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class StopRequested(KeyboardInterrupt):
-    """A planned stop by a signal: raised after the checkpoint is written."""
-
-    def __init__(self, signum: int, message: str):
-        super().__init__(message)
-        self.signum = signum
 
 
 @dataclass
@@ -287,33 +278,6 @@ class _Phases:
         return {name: round(value, 3) for name, value in self.seconds.items()}
 
 
-class _StopSignals:
-    """SIGINT / SIGTERM become a request that the loop honours after the step in progress;
-    a second signal stops at once."""
-
-    def __init__(self, say):
-        self.signum: int | None = None
-        self.say = say
-        self.previous: dict = {}
-
-    def __enter__(self) -> "_StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            self.previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None:
-            self.__exit__()
-            raise KeyboardInterrupt
-        self.signum = signum
-        self.say(f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (send it again to stop at once)")
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-        self.previous = {}
-
-
 def _eager_step(model, optimizer, params, parts, lr: float, targets: torch.Tensor, world: World, autocast, grad_clip: float):
     """Forward and backward of every micro-batch, then clipping; returns the summed token
     loss of this rank and the gradient norm (the caller checks both, then steps)."""
@@ -457,7 +421,7 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         return time.perf_counter() - began
 
     model.train()
-    with _StopSignals(say) as stop, tqdm(total=config.max_steps, initial=start, disable=not (verbose and world.is_main), unit="step", dynamic_ncols=True) as bar:
+    with StopSignals(say) as stop, tqdm(total=config.max_steps, initial=start, disable=not (verbose and world.is_main), unit="step", dynamic_ncols=True) as bar:
         for step in range(start, last):
             began = time.perf_counter()
             lr = warmup_cosine(step, total=config.max_steps, peak=config.lr, start=config.lr_start, end=config.lr_end, warmup=config.warmup)
