@@ -28,14 +28,6 @@ REAL = {"model.hidden_size": 16, "model.num_heads": 2, "model.num_hidden_layers"
 TIMING = ("seconds",)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _parse(argv):
     parser = argparse.ArgumentParser()
     add_synth_arguments(parser)

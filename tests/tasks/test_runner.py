@@ -22,15 +22,6 @@ from srope.cli import srope_model_factory
 from tests.tasks.standin import gru_factory
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and CI shares its 2 cores between workers."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 SMOKE = {
     "state_tracking": {"group": "A3", "train_size": 64, "eval_size": 16, "train_len": 6, "eval_len": 10, "seeds": "0,1", "epochs": 2, "batch_size": 32},
     "copying": {"steps": 3, "epochs": 3, "batch_size": 4, "context_len": 40, "max_len": 8, "eval_lengths": "2-4,12", "eval_examples": 4,
