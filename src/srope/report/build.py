@@ -310,6 +310,11 @@ def _by_paper_row(rows: list[Row], metric: str) -> dict[str, Row]:
     return out
 
 
+def _opening(name: str, title: str, exp: paper.Experiment, rows: list[Row]) -> tuple[list[Row], list[str]]:
+    """The rows of experiment ``name`` and the first lines of its page: title, header, rule."""
+    return [r for r in rows if r.experiment == name], [f"# {title} ({exp.source})", "", _header(exp), "", f"Rule: {RULES[name]}", ""]
+
+
 def _header(exp: paper.Experiment) -> str:
     p = exp.protocol
     lines = [
@@ -351,8 +356,7 @@ def _no_counterpart(rows: list[Row]) -> str:
 
 def copying_page(rows: list[Row]) -> Page:
     exp = paper.COPYING
-    mine = [r for r in rows if r.experiment == "copying"]
-    parts = [f"# Copying ({exp.source})", "", _header(exp), "", f"Rule: {RULES['copying']}", ""]
+    mine, parts = _opening("copying", "Copying", exp, rows)
     verdicts = []
     for group in _by_group(mine).values():
         title = group[0].title
@@ -414,8 +418,7 @@ PAPER_MQAR = "T512-kv64"
 
 def mqar_page(rows: list[Row]) -> Page:
     exp = paper.MQAR
-    mine = [r for r in rows if r.experiment == "mqar"]
-    parts = [f"# MQAR ({exp.source})", "", _header(exp), "", f"Rule: {RULES['mqar']}", ""]
+    mine, parts = _opening("mqar", "MQAR", exp, rows)
     verdicts = []
     for group in _by_group(mine).values():
         title = group[0].title
@@ -526,10 +529,9 @@ def state_tracking_verdict(exp: paper.Experiment, group: list[Row]) -> Verdict:
 
 def mad_page(rows: list[Row]) -> Page:
     exp = paper.MAD
-    mine = [r for r in rows if r.experiment == "mad"]
+    mine, parts = _opening("mad", "MAD", exp, rows)
     columns = [*paper.MAD_TASK_ORDER, "average"]
-    parts = [f"# MAD ({exp.source})", "", _header(exp), "", f"Rule: {RULES['mad']}", "",
-             "Cells: ours (mean ± sd over seeds of the protocol score, %) and the paper's Table 1 value in brackets.", ""]
+    parts += ["Cells: ours (mean ± sd over seeds of the protocol score, %) and the paper's Table 1 value in brackets.", ""]
     verdicts = []
     for group in _by_group(mine).values():
         title = group[0].title
