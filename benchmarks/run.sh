@@ -9,11 +9,7 @@
 #               Triton autotuning cut to one config: correctness only, run it after timings)
 #   train       srope train (the CLI) and model.generate, beside fla's GLAForCausalLM
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-source .tcache/use.sh
-R=${OUT:-out/gpu}
-mkdir -p "$R"
+source benchmarks/device-env.sh
 run() { local limit=$1; shift; echo "== $(date +%T) $*"; timeout "$limit" "$@" 2>&1 | tail -n 30; echo "exit ${PIPESTATUS[0]}"; }
 
 for stage in "$@"; do

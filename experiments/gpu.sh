@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One GPU call for the paper's experiments: bash experiments/gpu.sh STAGE [STAGE ...]
+# Carry .whl, .tcache and .data as for benchmarks/run.sh; SROPE_COMMIT names the commit of the
+# working tree (the device copy has no .git). Each stage packs its result folder, without
+# weights and checkpoints, into $OUT/STAGE.tgz.
+#   lm-ablation   experiments/lm_ablation.py on .data/shakespeare (LM_JOBS processes at once,
+#                 no new run after LM_DEADLINE seconds, killed after LM_LIMIT)
+#   calibrate     seconds per step of the synthetic configurations (CAL_STEPS steps each)
+set -u
+source benchmarks/device-env.sh
+pack() { tar czf "$R/$1.tgz" --exclude=checkpoints --exclude=model --exclude='*.safetensors' -C out "$1"; ls -la "$R/$1.tgz"; }
+
+calibrate() {
+  local steps=${CAL_STEPS:-40} i=0
+  while read -r name args; do
+    i=$((i + 1))
+    echo "== $(date +%T) calibrate $name"
+    # shellcheck disable=SC2086
+    timeout 120 python3 -m srope synth $args --set max_steps="$steps" --set checkpoint_every=100000 --no-progress \
+      --label "$name" --out "out/calibrate/$name" 2>&1 | tail -n 3
+  done <<'LIST'
+st-gla-authors state_tracking --preset authors --set seeds=0 --set eval_size=2048
+st-attention-s2 state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --set seeds=0 --set eval_size=2048
+st-deltanet-a3 state_tracking --preset paper_a3 --set seeds=0 --set eval_size=2048
+mqar-512-d64 mqar --set configs=512x64 --set d_models=64 --set lrs=0.001 --set test_examples=256
+mqar-512-d512 mqar --set configs=512x64 --set d_models=512 --set lrs=0.001 --set test_examples=256
+copying-authors copying --set seeds=0 --set eval_lengths=2-64 --set eval_examples=64
+LIST
+}
+
+for stage in "$@"; do
+  case $stage in
+    lm-ablation)
+      echo "== $(date +%T) lm-ablation"
+      timeout -s INT "${LM_LIMIT:-480}" python3 experiments/lm_ablation.py --data .data/shakespeare --out out/lm-ablation \
+        --jobs "${LM_JOBS:-7}" --deadline "${LM_DEADLINE:-400}" 2>&1 | tail -n 80
+      pack lm-ablation ;;
+    calibrate) calibrate; pack calibrate ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
+bash .tcache/pack.sh
