@@ -6,6 +6,9 @@
 #   lm-ablation   experiments/lm_ablation.py on .data/shakespeare (LM_JOBS processes at once,
 #                 no new run after LM_DEADLINE seconds, killed after LM_LIMIT)
 #   calibrate     seconds per step of the synthetic configurations (CAL_STEPS steps each)
+#   state-tracking  Fig. 7's Transformer S2 (3 encodings) and DeltaNet A3 (NoPE, Selective RoPE)
+#                 panels, all at once, stopped by SIGINT after SYNTH_LIMIT seconds with
+#                 checkpoints; the same stage again on the still-warm machine resumes them
 set -u
 source benchmarks/device-env.sh
 pack() { tar czf "$R/$1.tgz" --exclude=checkpoints --exclude=model --exclude='*.safetensors' -C out "$1"; ls -la "$R/$1.tgz"; }
@@ -28,6 +31,24 @@ copying-authors copying --set seeds=0 --set eval_lengths=2-64 --set eval_example
 LIST
 }
 
+# Runs "NAME ARGS" lines of srope synth at once into out/synth/NAME, continuing those begun.
+synth_all() {
+  local pids=()
+  while read -r name args; do
+    [ -z "$name" ] && continue
+    local resume=""
+    [ -f "out/synth/$name/results.json" ] && resume=--resume
+    echo "== $(date +%T) synth $name $resume"
+    # shellcheck disable=SC2086
+    (timeout -s INT "${SYNTH_LIMIT:-520}" python3 -m srope synth $args --no-progress --label "$name" --out "out/synth/$name" $resume \
+      > "out/synth/$name.log" 2>&1; echo "== $(date +%T) $name exit $?" >> "out/synth/$name.log") &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  tail -n 6 out/synth/*.log
+}
+
+mkdir -p out/synth
 for stage in "$@"; do
   case $stage in
     lm-ablation)
@@ -36,6 +57,15 @@ for stage in "$@"; do
         --jobs "${LM_JOBS:-7}" --deadline "${LM_DEADLINE:-400}" 2>&1 | tail -n 80
       pack lm-ablation ;;
     calibrate) calibrate; pack calibrate ;;
+    state-tracking)
+      synth_all <<LIST
+st-attention-s2-nope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position nope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
+st-attention-s2-rope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position rope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
+st-attention-s2-srope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position selective_rope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
+st-deltanet-a3-nope state_tracking --preset paper_a3 --position nope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
+st-deltanet-a3-srope state_tracking --preset paper_a3 --position selective_rope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
+LIST
+      (cd out && tar czf "$R/state-tracking.tgz" --exclude=checkpoints --exclude='*.safetensors' synth) ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
