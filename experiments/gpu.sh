@@ -2,10 +2,14 @@
 # One GPU call for the paper's experiments: bash experiments/gpu.sh STAGE [STAGE ...]
 # Carry .whl, .tcache and .data as for benchmarks/run.sh; SROPE_COMMIT names the commit of the
 # working tree (the device copy has no .git). Each stage packs its result folder, without
-# weights and checkpoints, into $OUT/STAGE.tgz.
+# weights and checkpoints, into $OUT/STAGE.tgz. Every process has a time limit that ends (with
+# SIGKILL 20 s after SIGINT) before the call's own: what is not packed when a call is cut off
+# does not come back.
 #   lm-ablation   experiments/lm_ablation.py on .data/shakespeare (LM_JOBS processes at once,
 #                 no new run after LM_DEADLINE seconds, killed after LM_LIMIT)
 #   calibrate     seconds per step of the synthetic configurations (CAL_STEPS steps each)
+#   demo          srope demo on the machine's CPU cores for DEMO_SEEDS (groups of seeds run
+#                 at once, e.g. "1010-1012 1013-1015"), into out/demo/GROUP
 #   state-tracking  Fig. 7's Transformer S2 (3 encodings) and DeltaNet A3 (NoPE, Selective RoPE)
 #                 panels, all at once, stopped by SIGINT after SYNTH_LIMIT seconds with
 #                 checkpoints; the same stage again on the still-warm machine resumes them
@@ -19,7 +23,7 @@ calibrate() {
     i=$((i + 1))
     echo "== $(date +%T) calibrate $name"
     # shellcheck disable=SC2086
-    timeout 120 python3 -m srope synth $args --set max_steps="$steps" --set checkpoint_every=100000 --no-progress \
+    timeout -k 10 120 python3 -m srope synth $args --set max_steps="$steps" --set checkpoint_every=100000 --no-progress \
       --label "$name" --out "out/calibrate/$name" 2>&1 | tail -n 3
   done <<'LIST'
 st-gla-authors state_tracking --preset authors --set seeds=0 --set eval_size=2048
@@ -31,6 +35,18 @@ copying-authors copying --set seeds=0 --set eval_lengths=2-64 --set eval_example
 LIST
 }
 
+# Stages named in BACKGROUND (e.g. BACKGROUND=demo) run beside the others, on the CPU cores.
+demo() {
+  local pids=()
+  for seeds in ${DEMO_SEEDS:-1010-1012}; do
+    OMP_NUM_THREADS=1 timeout -s INT -k 20 "${DEMO_LIMIT:-540}" python3 -m srope demo --seeds "$seeds" --out "out/demo/$seeds" \
+      > "out/demo-$seeds.log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  tail -n 12 out/demo-*.log
+}
+
 # Runs "NAME ARGS" lines of srope synth at once into out/synth/NAME, continuing those begun.
 synth_all() {
   local pids=()
@@ -40,7 +56,7 @@ synth_all() {
     [ -f "out/synth/$name/results.json" ] && resume=--resume
     echo "== $(date +%T) synth $name $resume"
     # shellcheck disable=SC2086
-    (timeout -s INT "${SYNTH_LIMIT:-520}" python3 -m srope synth $args --no-progress --label "$name" --out "out/synth/$name" $resume \
+    (timeout -s INT -k 20 "${SYNTH_LIMIT:-520}" python3 -m srope synth $args --no-progress --label "$name" --out "out/synth/$name" $resume \
       > "out/synth/$name.log" 2>&1; echo "== $(date +%T) $name exit $?" >> "out/synth/$name.log") &
     pids+=($!)
   done
@@ -48,15 +64,16 @@ synth_all() {
   tail -n 6 out/synth/*.log
 }
 
-mkdir -p out/synth
-for stage in "$@"; do
-  case $stage in
+mkdir -p out/synth out/demo
+stage() {
+  case $1 in
     lm-ablation)
       echo "== $(date +%T) lm-ablation"
-      timeout -s INT "${LM_LIMIT:-480}" python3 experiments/lm_ablation.py --data .data/shakespeare --out out/lm-ablation \
-        --jobs "${LM_JOBS:-7}" --deadline "${LM_DEADLINE:-400}" 2>&1 | tail -n 80
+      timeout -s INT -k 20 "${LM_LIMIT:-480}" python3 experiments/lm_ablation.py --data .data/shakespeare --out out/lm-ablation \
+        --jobs "${LM_JOBS:-7}" --deadline "${LM_DEADLINE:-400}" 2>&1
       pack lm-ablation ;;
     calibrate) calibrate; pack calibrate ;;
+    demo) demo; pack demo ;;
     state-tracking)
       synth_all <<LIST
 st-attention-s2-nope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position nope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
@@ -66,7 +83,15 @@ st-deltanet-a3-nope state_tracking --preset paper_a3 --position nope --set seeds
 st-deltanet-a3-srope state_tracking --preset paper_a3 --position selective_rope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
 LIST
       (cd out && tar czf "$R/state-tracking.tgz" --exclude=checkpoints --exclude='*.safetensors' synth) ;;
-    *) echo "unknown stage $stage"; exit 2 ;;
+    *) echo "unknown stage $1"; exit 2 ;;
   esac
+}
+
+background=()
+for name in ${BACKGROUND:-}; do
+  stage "$name" > "out/stage-$name.log" 2>&1 &
+  background+=($!)
 done
+for name in "$@"; do stage "$name"; done
+[ ${#background[@]} -gt 0 ] && wait "${background[@]}" && cat out/stage-*.log
 bash .tcache/pack.sh

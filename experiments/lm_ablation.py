@@ -116,9 +116,9 @@ class Plan:
             self.submit(f"{arm}-seed{seed}", command, lambda run=run, seed=seed: self.evaluate(arm, run, seed))
 
     def evaluate(self, arm: str, run: Path, seed: int) -> None:
-        target = run / "eval-test"
-        command = [*SROPE, "eval", "--model", str(run), "--out", str(target)]
-        if target.with_suffix(".json").is_file():
+        target = run / "eval-test.json"
+        command = [*SROPE, "eval", "--model", str(run), "--split", "test", "--out", str(target)]
+        if target.is_file():
             command = ["true"]
         self.submit(f"{arm}-seed{seed}-eval", command)
 
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="result folder: OUT/ARM/{sweep,seedN}")
     parser.add_argument("--preset", default="gla-370m")
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--lrs", default="5e-4,1e-3,2e-3,4e-3", help="learning rates of the selection sweep")
+    parser.add_argument("--lrs", default="5e-4,1e-3,2e-3", help="learning rates of the selection sweep (default: the lower half of the paper's grid)")
     parser.add_argument("--select-seed", type=int, default=0)
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("1-4"), help="seeds reported, e.g. 1-4")
     parser.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
