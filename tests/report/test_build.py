@@ -126,3 +126,33 @@ def test_cli_parser_is_light_and_the_handler_writes(fixture_dir, tmp_path, capsy
     assert (tmp_path / "r" / "index.md").exists() and not list((tmp_path / "r").glob("*.png"))
     with pytest.raises(FileNotFoundError):
         args.func(parser.parse_args(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]))
+
+
+def test_lm_selection_run_chooses_and_the_seeds_at_its_lr_are_reported(tmp_path):
+    """experiments/lm_ablation.py's layout: a sweep on seed 0 chooses the lr, seeds 1-2 trained
+    at it outside the sweep are the row (test split), and the choice is noted on it."""
+    from srope.report.build import write_report
+
+    from .conftest import _write, head, prov
+
+    position = {"type": "selective_rope", "conv_activation": None, "gate": None}
+    base = {"preset": "gla-370m", "position": position, "model": {"num_hidden_layers": 4}, "data": "shakespeare", "max_steps": 200,
+            "seq_len": 512, "global_batch_size": 32}
+    arm = tmp_path / "results" / "srope_baseline"
+    for lr, val in ((1e-3, 70.0), (2e-3, 75.0)):
+        _write(arm / f"sweep/lr_{lr:g}/run.json", {"config": {**base, "lr": lr, "seed": 0}, "metrics": {"val_ppl": val}, "provenance": prov(head())})
+    _write(arm / "sweep/sweep.json", {"lrs": [1e-3, 2e-3], "selection": "lowest final val_ppl", "chosen": {"dir": "lr_0.001"},
+                                      "runs": [{"lr": 1e-3, "dir": "lr_0.001"}, {"lr": 2e-3, "dir": "lr_0.002"}]})
+    for seed, val, test in ((1, 71.0, 80.0), (2, 73.0, 84.0)):
+        run = arm / f"seed{seed}"
+        _write(run / "run.json", {"config": {**base, "lr": 1e-3, "seed": seed}, "metrics": {"val_ppl": val}, "provenance": prov(head())})
+        _write(run / "eval-test.json", {"model": str(run / "model"), "data": {"split": "test"}, "train_seq_len": 512,
+                                         "contexts": [{"seq_len": 512, "ppl": test}], "provenance": prov(head())})
+    out = tmp_path / "report"
+    write_report([tmp_path / "results"], out)
+    text = (out / "lm.md").read_text()
+    row = _row(text, "Selective RoPE (baseline)")
+    assert "| 72.00 ± 1.41 | 82.00 ± 2.83 |" in row  # val and test ppl over seeds 1 and 2, not the selection run's 70
+    assert "ours: test ppl @ 512" in text
+    assert "lr 0.001 chosen from {0.001, 0.002} on seed 0 by lowest final val_ppl" in text
+    assert "chosen on the split the perplexity is reported on" not in text

@@ -614,7 +614,8 @@ def lm_page(rows: list[Row]) -> Page:
             order = ("Selective RoPE: Baseline", "+ SiLU", "+ phase gate")
             verdict = lm_verdict(exp, group, "avg_acc", order, lambda r: r.ablation_row, ordered=True)
             verdicts.append((exp.title, title, verdict))
-            parts += [f"### {title}", "", f"Verdict: {verdict.line()}", "", _lm_table(exp, group, lambda r: r.ablation_row), ""]
+            parts += [f"### {title}", "", _folders(group), "", f"Verdict: {verdict.line()}", "", _lm_table(exp, group, lambda r: r.ablation_row), "",
+                      _lm_notes(group), ""]
     if not mine:
         parts.append("No language-model results were found.")
     parts += [_footnotes(mine), _no_counterpart([r for r in rows if r.experiment.startswith("lm/") and r not in mine])]
@@ -631,8 +632,9 @@ def _lm_table(exp: paper.Experiment, group: list[Row], row_of) -> str:
         body.append([_label_cell(row), fmt(row.stat("val_ppl"), 1, 2), fmt(row.stat("eval_ppl"), 1, 2),
                      *([fmt(row.stat("eval_ppl_longest"), 1, 2)] if longest else []), *theirs, seeds_cell(row),
                      differences(row.fields, exp.protocol), budget_cell(row, exp.protocol), provenance_cell(row)])
-    header = ["variant", "ours: val ppl (training's held-out split)", f"ours: eval ppl @ {group[0].train_len}",
-              *([f"ours: eval ppl @ {longest}"] if longest else []), *[f"paper: {paper.LM_SHORT[c]}" for c in ppl_cols], "seeds",
+    split = next((r.fields.get("eval_split") for r in group if r.fields.get("eval_split")), "eval")
+    header = ["variant", "ours: val ppl (the split lr is chosen on)", f"ours: {split} ppl @ {group[0].train_len}",
+              *([f"ours: {split} ppl @ {longest}"] if longest else []), *[f"paper: {paper.LM_SHORT[c]}" for c in ppl_cols], "seeds",
               "protocol differences", "budget", "provenance"]
     return _table(header, body)
 
@@ -655,9 +657,11 @@ def _lm_notes(group: list[Row]) -> str:
         for note in row.notes:
             who.setdefault(note, []).append(row.label)
     lines = [f"- {', '.join(labels)}: {note}" for note, labels in who.items()]
-    ours = sorted((r for r in group if r.stat("val_ppl")), key=lambda r: r.mean("val_ppl"))
+    metric = "eval_ppl" if all(r.stat("eval_ppl") for r in group) else "val_ppl"
+    split = next((r.fields.get("eval_split") for r in group if r.fields.get("eval_split")), "eval") if metric == "eval_ppl" else "val"
+    ours = sorted((r for r in group if r.stat(metric)), key=lambda r: r.mean(metric))
     if ours:
-        lines.append("- Our perplexity ordering (lower first): " + " < ".join(f"{r.label} {r.mean('val_ppl'):.2f}" for r in ours)
+        lines.append(f"- Our {split} perplexity ordering (lower first): " + " < ".join(f"{r.label} {r.mean(metric):.2f}" for r in ours)
                      + "; the paper's (Table 2 Avg-PPL): NoPE 20.78 < Selective RoPE (+ phase gate) 21.16 < RoPE 21.42 for GLA 370M.")
     return "\n".join(dict.fromkeys(lines))
 

@@ -523,6 +523,9 @@ def lm_variant(position: Any, model_overrides: dict) -> tuple[str, str | None, s
     return label, table3, table2, options
 
 
+SAME_SPLIT = "lr chosen on the split the perplexity is reported on"
+
+
 def lm_runs(train: list, legacy: list, sweeps: list, evals: list, lm_evals: list) -> list[Run]:
     folders: dict[Path, dict] = {}
     for path, data in train:
@@ -549,12 +552,26 @@ def lm_runs(train: list, legacy: list, sweeps: list, evals: list, lm_evals: list
         owner = _owner(path, target, known)
         if owner is not None:
             attached[owner]["lm_evals"].append((path, data))
-    runs = []
+    runs, selection = [], []
     for folder, info in folders.items():
         sweep = sweep_of.get(folder.resolve())
         if sweep is not None and not sweep["chosen"]:
             continue
-        runs.append(_lm_run(folder, info, attached[folder], sweep))
+        (runs if sweep is None else selection).append(_lm_run(folder, info, attached[folder], sweep))
+    # A sweep's chosen run only chose the learning rate when runs of the same variant and
+    # protocol were trained at it outside the sweep (other seeds): those are the reported rows,
+    # and they carry the choice as a note.
+    for run in selection:
+        kept = [r for r in runs if (r.group_key, r.variant_key) == (run.group_key, run.variant_key)]
+        if not kept:
+            runs.append(run)
+            continue
+        choice = next(note for note in run.notes if note.startswith("lr "))
+        choice = choice.replace(" by ", f" on seed {run.seed} by ", 1)
+        for r in kept:
+            r.notes.append(choice)
+            if r.fields.get("eval_split") in (None, "val"):
+                r.notes.append(SAME_SPLIT)
     return runs
 
 
@@ -592,7 +609,7 @@ def _lm_run(folder: Path, info: dict, attached: dict, sweep: dict | None) -> Run
         notes.append(f"lr {cfg.get('lr'):g} chosen from {{{', '.join(f'{lr:g}' for lr in lrs)}}} by {sweep.get('selection') or 'the sweep'}"
                      + (" (at the grid's edge)" if sweep.get("chosen_at_grid_edge") else ""))
         if eval_split in (None, "val"):
-            notes.append("lr chosen on the split the perplexity is reported on")
+            notes.append(SAME_SPLIT)
     experiment = f"lm/{preset}" if f"lm/{preset}" in paper.EXPERIMENTS else f"lm/other/{preset}"
     protocol = {k: v for k, v in cfg.items() if k not in ("seed", "lr", "position", "device", "compile", "cuda_graph", "checkpoint_every", "log_every",
                                                          "tensorboard", "eval_every", "cache", "micro_batch_size", "parallel")}
@@ -602,7 +619,7 @@ def _lm_run(folder: Path, info: dict, attached: dict, sweep: dict | None) -> Run
     group = f"srope train --preset {preset}{f' (model.num_hidden_layers={layers})' if layers else ''}, {data_name}, {steps} steps x {batch} x {seq_len} tokens"
     if not layers and experiment in paper.EXPERIMENTS:
         layers = paper.EXPERIMENTS[experiment].protocol.compare.get("layers")  # the preset's depth is the paper's
-    fields = {"data": data_name, "context": seq_len, "layers": layers, "tokens": tokens, "lr": cfg.get("lr")}
+    fields = {"data": data_name, "context": seq_len, "layers": layers, "tokens": tokens, "lr": cfg.get("lr"), "eval_split": eval_split}
     return Run(
         experiment=experiment, group_key=_key(["lm", protocol]), group=group, variant_key=_key([label]), label=label, paper_row=table3, seed=cfg.get("seed"),
         metrics=metrics, budget=tokens, fields=fields, provenance=provs, sources=sources, notes=notes,
