@@ -48,9 +48,21 @@ demo() {
 }
 
 # Runs "NAME ARGS" lines of srope synth at once into out/synth/NAME, continuing those begun.
+# Lines marked "warm" first run alone for one step: that fills the data cache and Triton's
+# autotune cache once, instead of in every process at the same time (minutes each on a fresh
+# machine, which ran a first call of this stage past its time).
 synth_all() {
-  local pids=()
-  while read -r name args; do
+  local pids=() lines
+  lines=$(cat)
+  while read -r name warm args; do
+    [ "$warm" = warm ] || continue
+    echo "== $(date +%T) warm-up for $name"
+    # shellcheck disable=SC2086
+    timeout -k 10 "${WARM_LIMIT:-240}" python3 -m srope synth $args --set max_steps=1 --no-progress --out "out/warm/$name" > "out/synth/warm-$name.log" 2>&1
+    echo "exit $? after $(date +%T)"
+  done <<< "$lines"
+  while read -r name warm args; do
+    [ "$warm" = warm ] || args="$warm $args"
     [ -z "$name" ] && continue
     local resume=""
     [ -f "out/synth/$name/results.json" ] && resume=--resume
@@ -59,7 +71,7 @@ synth_all() {
     (timeout -s INT -k 20 "${SYNTH_LIMIT:-520}" python3 -m srope synth $args --no-progress --label "$name" --out "out/synth/$name" $resume \
       > "out/synth/$name.log" 2>&1; echo "== $(date +%T) $name exit $?" >> "out/synth/$name.log") &
     pids+=($!)
-  done
+  done <<< "$lines"
   wait "${pids[@]}"
   tail -n 6 out/synth/*.log
 }
@@ -76,10 +88,10 @@ stage() {
     demo) demo; pack demo ;;
     state-tracking)
       synth_all <<LIST
-st-attention-s2-nope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position nope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
+st-attention-s2-nope warm state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position nope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
 st-attention-s2-rope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position rope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
 st-attention-s2-srope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position selective_rope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
-st-deltanet-a3-nope state_tracking --preset paper_a3 --position nope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
+st-deltanet-a3-nope warm state_tracking --preset paper_a3 --position nope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
 st-deltanet-a3-srope state_tracking --preset paper_a3 --position selective_rope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
 LIST
       (cd out && tar czf "$R/state-tracking.tgz" --exclude=checkpoints --exclude='*.safetensors' synth) ;;
