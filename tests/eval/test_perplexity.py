@@ -1,6 +1,7 @@
-"""``srope eval``: perplexity equals exp(mean token loss) of an independent plain loop, the
-by-position curve agrees with it, longer contexts than trained run and are reported, packed
-documents restart at every document, bad arguments raise."""
+"""``srope eval``: perplexity equals exp(mean token loss) of an independent plain loop on the
+test split (``--split val`` on the validation split), the by-position curve agrees with it,
+longer contexts than trained run and are reported, packed documents restart at every
+document, bad arguments raise."""
 
 from __future__ import annotations
 
@@ -54,7 +55,10 @@ def test_perplexity_is_exp_mean_loss_of_a_plain_loop_at_every_context(trained_ru
     png = out.with_suffix(".png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
-    tokens = np.asarray(open_store(eval_store).val.tokens)
+    # The test split, not the validation split that training measured (and learning rates are chosen on).
+    test = open_store(eval_store).test
+    assert result["data"]["split"] == "test" and (result["data"]["tokens"], result["data"]["documents"]) == (test.num_tokens, test.num_documents)
+    tokens = np.asarray(test.tokens)
     model = _model(trained_run)
     for entry in result["contexts"]:
         length = entry["seq_len"]
@@ -86,7 +90,7 @@ def test_perplexity_is_exp_mean_loss_of_a_plain_loop_at_every_context(trained_ru
 def test_documents_packing_restarts_at_every_document(trained_run, eval_store, tmp_path):
     length, rows = 48, 6  # 48 does not divide the store; rows hold several document boundaries
     result = run_eval(trained_run, eval_store, out=tmp_path / "docs.json", seq_lens=[length], max_rows=rows, batch_size=4, packing="documents", bucket_size=1, device="cpu", dtype="float32")
-    store = open_store(eval_store).val
+    store = open_store(eval_store).test
     tokens, starts = np.asarray(store.tokens).astype(np.int64), set(store.offsets.tolist())
     model = _model(trained_run)
     total, count = np.zeros(length), np.zeros(length, dtype=np.int64)
@@ -127,6 +131,26 @@ def test_eval_command_writes_json_png_and_a_table(trained_run, tmp_path, capsys)
     assert "ppl>=32" in printed and f"{result['contexts'][1]['ppl']:.3f}" in printed
 
 
+def test_split_val_scores_the_validation_split(trained_run, eval_store, tmp_path, capsys):
+    corpus = open_store(eval_store)
+    assert corpus.val.num_tokens and corpus.test.num_tokens and not np.array_equal(corpus.val.tokens[:65], corpus.test.tokens[:65])
+    out = tmp_path / "val.json"
+    parser = argparse.ArgumentParser(prog="srope")
+    add_eval_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["eval", "--model", str(trained_run), "--split", "val", "--seq-len", "32", "--max-rows", "2", "--device", "cpu", "--dtype", "float32", "--out", str(out)])
+    assert args.func(args) == 0 and "warning" not in capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert result["data"]["split"] == "val" and result["data"]["tokens"] == corpus.val.num_tokens and result["title"].endswith("(val)")
+    total, count = _loop_per_position(_model(trained_run), np.asarray(corpus.val.tokens), 32, 2)
+    assert math.isclose(result["contexts"][0]["loss"], total.sum() / count.sum(), rel_tol=1e-5)
+    test = run_eval(trained_run, split="test", seq_lens=[32], max_rows=2, out=tmp_path / "test.json", plot=False, device="cpu", dtype="float32")
+    assert test["data"]["split"] == "test" and not math.isclose(test["contexts"][0]["loss"], result["contexts"][0]["loss"], rel_tol=1e-6)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["eval", "--model", str(trained_run), "--split", "train"])
+    with pytest.raises(ValueError, match=r"split must be one of \('test', 'val'\)"):
+        run_eval(trained_run, split="train", out=tmp_path / "r.json", device="cpu")
+
+
 def test_target_budget_is_shared():
     assert rows_per_context(1000, [32, 64, 128], None) == (7 * 128, {32: 28, 64: 14, 128: 7})
     assert rows_per_context(1000, [32, 96], 2) == (192, {32: 6, 96: 2})
@@ -154,7 +178,7 @@ def test_bad_arguments_raise(trained_run, eval_store, tokenizer_dir, tmp_path):
         run_eval(model, device="tpu:x", out=tmp_path / "r.json")
     with pytest.raises(ValueError, match="packing must be one of"):
         run_eval(model, packing="ragged", **ok)
-    with pytest.raises(ValueError, match=r"context length 1000000 \(--seq-len\) does not fit the held-out split"):
+    with pytest.raises(ValueError, match=r"context length 1000000 \(--seq-len\) does not fit the test split"):
         run_eval(model, seq_lens=[10**6], **ok)
     # A bare model folder (no train_config.json) needs the lengths and the data spelled out.
     bare = tmp_path / "bare"

