@@ -15,7 +15,7 @@
 #                 checkpoints; the same stage again on the still-warm machine resumes them
 set -u
 source benchmarks/device-env.sh
-pack() { tar czf "$R/$1.tgz" --exclude=checkpoints --exclude=model --exclude='*.safetensors' -C out "$1"; ls -la "$R/$1.tgz"; }
+pack() { tar czf "$R/$1.tgz" --exclude=checkpoints --exclude=tensorboard --exclude=model --exclude='*.safetensors' -C out "$1"; ls -la "$R/$1.tgz"; }
 
 calibrate() {
   local steps=${CAL_STEPS:-40} i=0
