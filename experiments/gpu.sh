@@ -4,16 +4,22 @@
 # working tree (the device copy has no .git). Each stage packs its result folder, without
 # weights and checkpoints, into $OUT/STAGE.tgz. Every process has a time limit that ends (with
 # SIGKILL 20 s after SIGINT) before the call's own: what is not packed when a call is cut off
-# does not come back.
+# does not come back. By default the limits are what is left of CALL_S seconds (560) from the
+# start of this script, less a margin for packing.
 #   lm-ablation   experiments/lm_ablation.py on .data/shakespeare (LM_JOBS processes at once,
-#                 no new run after LM_DEADLINE seconds, killed after LM_LIMIT)
+#                 no new run after LM_DEADLINE seconds, killed after LM_LIMIT); carry
+#                 out/lm-ablation to continue it (finished sweeps and runs are not run again)
 #   calibrate     seconds per step of the synthetic configurations (CAL_STEPS steps each)
 #   demo          srope demo on the machine's CPU cores for DEMO_SEEDS (groups of seeds run
 #                 at once, e.g. "1010-1012 1013-1015"), into out/demo/GROUP
 #   state-tracking  Fig. 7's Transformer S2 (3 encodings) and DeltaNet A3 (NoPE, Selective RoPE)
 #                 panels, all at once, stopped by SIGINT after SYNTH_LIMIT seconds with
 #                 checkpoints; the same stage again on the still-warm machine resumes them
+#   copying       Fig. 5 at the authors' protocol: NoPE, RoPE, Selective RoPE and Selective
+#                 RoPE + gate + bias for COPY_SEEDS (default 0), resumed as state-tracking is
 set -u
+END=$(($(date +%s) + ${CALL_S:-560}))
+left() { echo $((END - $(date +%s) - ${1:-40})); }  # seconds left in the call, less a margin
 source benchmarks/device-env.sh
 pack() { tar czf "$R/$1.tgz" --exclude=checkpoints --exclude=tensorboard --exclude=model --exclude='*.safetensors' -C out "$1"; ls -la "$R/$1.tgz"; }
 
@@ -56,9 +62,11 @@ synth_all() {
   lines=$(cat)
   while read -r name warm args; do
     [ "$warm" = warm ] || continue
+    [ -f "out/synth/$name/results.json" ] && continue  # begun in an earlier call: caches are warm
     echo "== $(date +%T) warm-up for $name"
     # shellcheck disable=SC2086
-    timeout -k 10 "${WARM_LIMIT:-240}" python3 -m srope synth $args --set max_steps=1 --no-progress --out "out/warm/$name" > "out/synth/warm-$name.log" 2>&1
+    timeout -k 10 "${WARM_LIMIT:-240}" python3 -m srope synth $args --set max_steps=1 ${WARM_SET:-} --no-progress --out "out/warm/$name" \
+      > "out/synth/warm-$name.log" 2>&1
     echo "exit $? after $(date +%T)"
   done <<< "$lines"
   while read -r name warm args; do
@@ -68,21 +76,22 @@ synth_all() {
     [ -f "out/synth/$name/results.json" ] && resume=--resume
     echo "== $(date +%T) synth $name $resume"
     # shellcheck disable=SC2086
-    (timeout -s INT -k 20 "${SYNTH_LIMIT:-520}" python3 -m srope synth $args --no-progress --label "$name" --out "out/synth/$name" $resume \
+    (timeout -s INT -k 20 "${SYNTH_LIMIT:-$(left)}" python3 -m srope synth $args --no-progress --label "$name" --out "out/synth/$name" $resume \
       > "out/synth/$name.log" 2>&1; echo "== $(date +%T) $name exit $?" >> "out/synth/$name.log") &
     pids+=($!)
   done <<< "$lines"
   wait "${pids[@]}"
   tail -n 6 out/synth/*.log
 }
+pack_synth() { (cd out && tar czf "$R/$1.tgz" --exclude=checkpoints --exclude='*.safetensors' synth/$2*); ls -la "$R/$1.tgz"; }
 
 mkdir -p out/synth out/demo
 stage() {
   case $1 in
     lm-ablation)
       echo "== $(date +%T) lm-ablation"
-      timeout -s INT -k 20 "${LM_LIMIT:-480}" python3 experiments/lm_ablation.py --data .data/shakespeare --out out/lm-ablation \
-        --jobs "${LM_JOBS:-7}" --deadline "${LM_DEADLINE:-400}" 2>&1
+      timeout -s INT -k 20 "${LM_LIMIT:-$(left 60)}" python3 experiments/lm_ablation.py --data .data/shakespeare --out out/lm-ablation \
+        --jobs "${LM_JOBS:-7}" --deadline "${LM_DEADLINE:-$(left 180)}" 2>&1
       pack lm-ablation ;;
     calibrate) calibrate; pack calibrate ;;
     demo) demo; pack demo ;;
@@ -94,7 +103,16 @@ st-attention-s2-srope state_tracking --preset paper --mixer attention --set mode
 st-deltanet-a3-nope warm state_tracking --preset paper_a3 --position nope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
 st-deltanet-a3-srope state_tracking --preset paper_a3 --position selective_rope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
 LIST
-      (cd out && tar czf "$R/state-tracking.tgz" --exclude=checkpoints --exclude='*.safetensors' synth) ;;
+      pack_synth state-tracking st- ;;
+    copying)
+      # The warm-up's evaluation is cut short: only its training step fills a cache.
+      WARM_SET="--set eval_lengths=2-8 --set eval_examples=16" synth_all <<LIST
+copying-nope warm copying --position nope --set seeds=${COPY_SEEDS:-0}
+copying-rope copying --position rope --set seeds=${COPY_SEEDS:-0}
+copying-srope copying --position selective_rope --set seeds=${COPY_SEEDS:-0}
+copying-srope-gate-bias copying --position selective_rope --set position.gate=per-channel --set position.bias=true --set seeds=${COPY_SEEDS:-0}
+LIST
+      pack_synth copying copying- ;;
     *) echo "unknown stage $1"; exit 2 ;;
   esac
 }

@@ -13,7 +13,9 @@ Every arm (a position encoding and its options, see ARMS) goes through the same 
 paper's Table 2. The runs are plain CLI calls, so every folder carries the usual provenance
 (``run.json``, ``sweep.json``, eval JSON). Finished steps are skipped when the command is
 repeated with the same arguments, and ``--deadline`` stops starting new work after that many
-seconds, so a fixed-length GPU call ends with its results written.
+seconds, so a fixed-length GPU call ends with its results written. A run saves one checkpoint,
+at its end, and loses it once it is evaluated (``--keep-checkpoints`` keeps them): at
+gla-370m each is 1.4 GB, and the whole ablation's would fill a 64 GB disk.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -66,8 +69,17 @@ class Plan:
 
     def common(self) -> list[str]:
         a = self.args
-        extra = [item for kv in a.overrides for item in ("--set", kv)]
+        overrides = a.overrides
+        if not any(kv.startswith("checkpoint_every=") for kv in overrides):
+            overrides = [*overrides, f"checkpoint_every={a.steps}"]
+        extra = [item for kv in overrides for item in ("--set", kv)]
         return ["--preset", a.preset, "--data", a.data, "--max-steps", str(a.steps), *extra]
+
+    def drop_checkpoints(self, *runs: Path) -> None:
+        if self.args.keep_checkpoints or self.args.dry_run:
+            return
+        for run in runs:
+            shutil.rmtree(run / "checkpoints", ignore_errors=True)
 
     def submit(self, name: str, command: list[str], then=None) -> None:
         with self.lock:
@@ -104,9 +116,12 @@ class Plan:
         sweep = self.out / arm / "sweep"
         command = [*SROPE, "sweep-lr", *self.common(), *ARMS[arm], "--lrs", self.args.lrs, "--set", f"seed={self.args.select_seed}",
                    "--out", str(sweep)]
+        if sweep_done(sweep, self.args.lrs):
+            command = ["true"]  # its runs' model folders may be gone (results packed without weights)
         self.submit(f"{arm}-sweep", command, lambda: self.seeds(arm, sweep))
 
     def seeds(self, arm: str, sweep: Path) -> None:
+        self.drop_checkpoints(*sweep.glob("lr_*"))
         lr = 1e-3 if self.args.dry_run else chosen_lr(sweep)
         for seed in self.args.seeds:
             run = self.out / arm / f"seed{seed}"
@@ -120,7 +135,7 @@ class Plan:
         command = [*SROPE, "eval", "--model", str(run), "--split", "test", "--out", str(target)]
         if target.is_file():
             command = ["true"]
-        self.submit(f"{arm}-seed{seed}-eval", command)
+        self.submit(f"{arm}-seed{seed}-eval", command, lambda: self.drop_checkpoints(run))
 
     def run(self) -> int:
         for arm in self.args.arms:
@@ -136,6 +151,16 @@ class Plan:
 
 
 SROPE = [sys.executable, "-m", "srope"]
+
+
+def sweep_done(sweep: Path, lrs: str) -> bool:
+    """Whether ``sweep/sweep.json`` records every learning rate of ``lrs`` and a choice."""
+    path = sweep / "sweep.json"
+    if not path.is_file():
+        return False
+    data = json.loads(path.read_text())
+    recorded = {float(run["lr"]) for run in data.get("runs", [])}
+    return bool(data.get("chosen")) and {float(lr) for lr in lrs.split(",")} <= recorded
 
 
 def chosen_lr(sweep: Path) -> float:
@@ -160,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="KEY=VALUE", help="srope train override for every run (default: 4 layers, context 512, batch 32)")
     parser.add_argument("--jobs", type=int, default=4, help="processes at once")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="start no new run after this many seconds")
+    parser.add_argument("--keep-checkpoints", action="store_true", help="keep each finished run's checkpoint (default: delete it once the run is evaluated)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands in order, run nothing")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.arms) - set(ARMS))

@@ -29,6 +29,7 @@ def test_dry_run_orders_sweep_seeds_and_evals(tmp_path):
     assert "--set position.conv_activation=none" in sweep and "--set model.num_hidden_layers=4" in sweep
     trains = [c for c in commands if " -m srope train " in c]
     assert {c.split("--set seed=")[1].split()[0] for c in trains} == {"1", "2"}
+    assert all("--set checkpoint_every=200" in c for c in [sweep, *trains])  # one checkpoint per run, at its end
     assert not (tmp_path / "ablation.json").exists()  # a dry run writes nothing
 
 
@@ -52,3 +53,28 @@ def test_chosen_lr_needs_a_choice(tmp_path):
         module.chosen_lr(tmp_path)
     (tmp_path / "sweep.json").write_text('{"chosen": {"lr": 0.002, "dir": "lr_0.002"}}')
     assert module.chosen_lr(tmp_path) == 0.002
+
+
+def test_finished_runs_lose_their_checkpoints_unless_kept(tmp_path):
+    module = load()
+    runs = [tmp_path / name for name in ("lr_0.001", "seed1")]
+    for run in runs:
+        (run / "checkpoints" / "step_200").mkdir(parents=True)
+        (run / "model").mkdir()
+    args = module.argparse.Namespace(keep_checkpoints=True, dry_run=False, jobs=1, out=str(tmp_path))
+    module.Plan(args).drop_checkpoints(*runs)
+    assert all((run / "checkpoints").is_dir() for run in runs)
+    args.keep_checkpoints = False
+    module.Plan(args).drop_checkpoints(*runs)
+    assert not any((run / "checkpoints").exists() for run in runs) and all((run / "model").is_dir() for run in runs)
+
+
+def test_a_recorded_sweep_is_not_run_again(tmp_path):
+    module = load()
+    assert not module.sweep_done(tmp_path, "1e-3,2e-3")
+    runs = [{"lr": 0.001, "status": "ok"}, {"lr": 0.002, "status": "ok"}]
+    (tmp_path / "sweep.json").write_text(module.json.dumps({"runs": runs, "chosen": runs[0]}))
+    assert module.sweep_done(tmp_path, "1e-3,2e-3")
+    assert not module.sweep_done(tmp_path, "5e-4,1e-3,2e-3")  # a learning rate not yet tried
+    (tmp_path / "sweep.json").write_text(module.json.dumps({"runs": runs, "chosen": None}))
+    assert not module.sweep_done(tmp_path, "1e-3,2e-3")
