@@ -81,14 +81,15 @@ class Plan:
         for run in runs:
             shutil.rmtree(run / "checkpoints", ignore_errors=True)
 
-    def submit(self, name: str, command: list[str], then=None) -> None:
+    def submit(self, name: str, command: list[str], then=None, timed: bool = True) -> None:
+        """``timed``: not started past the deadline (evaluations, a few seconds each, always are)."""
         with self.lock:
             self.pending += 1
-        self.pool.submit(self._run, name, command, then)
+        self.pool.submit(self._run, name, command, then, timed)
 
-    def _run(self, name: str, command: list[str], then) -> None:
+    def _run(self, name: str, command: list[str], then, timed: bool) -> None:
         try:
-            late = time.monotonic() - self.start > self.args.deadline
+            late = timed and time.monotonic() - self.start > self.args.deadline
             status = "skipped: past the deadline" if late else self._call(name, command)
             self.log.append({"name": name, "command": command, "status": status})
             with self.lock:
@@ -135,7 +136,7 @@ class Plan:
         command = [*SROPE, "eval", "--model", str(run), "--split", "test", "--out", str(target)]
         if target.is_file():
             command = ["true"]
-        self.submit(f"{arm}-seed{seed}-eval", command, lambda: self.drop_checkpoints(run))
+        self.submit(f"{arm}-seed{seed}-eval", command, lambda: self.drop_checkpoints(run), timed=False)
 
     def run(self) -> int:
         for arm in self.args.arms:
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=["model.num_hidden_layers=4", "seq_len=512", "global_batch_size=32"],
                         metavar="KEY=VALUE", help="srope train override for every run (default: 4 layers, context 512, batch 32)")
     parser.add_argument("--jobs", type=int, default=4, help="processes at once")
-    parser.add_argument("--deadline", type=float, default=float("inf"), help="start no new run after this many seconds")
+    parser.add_argument("--deadline", type=float, default=float("inf"), help="start no new training run after this many seconds (evaluations still run)")
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep each finished run's checkpoint (default: delete it once the run is evaluated)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands in order, run nothing")
     args = parser.parse_args(argv)
