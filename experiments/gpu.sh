@@ -63,15 +63,20 @@ synth_all() {
   while read -r name warm args; do
     [ "$warm" = warm ] || continue
     [ -f "out/synth/$name/results.json" ] && continue  # begun in an earlier call: caches are warm
-    echo "== $(date +%T) warm-up for $name"
+    local limit
+    limit=$(left)
+    [ "${WARM_LIMIT:-240}" -lt "$limit" ] && limit=${WARM_LIMIT:-240}
+    [ "$limit" -gt 0 ] || { echo "no time left to warm $name"; continue; }
+    echo "== $(date +%T) warm-up for $name (at most $limit s)"
     # shellcheck disable=SC2086
-    timeout -k 10 "${WARM_LIMIT:-240}" python3 -m srope synth $args --set max_steps=1 ${WARM_SET:-} --no-progress --out "out/warm/$name" \
+    timeout -k 10 "$limit" python3 -m srope synth $args --set max_steps=1 ${WARM_SET:-} --no-progress --out "out/warm/$name" \
       > "out/synth/warm-$name.log" 2>&1
     echo "exit $? after $(date +%T)"
   done <<< "$lines"
   while read -r name warm args; do
     [ "$warm" = warm ] || args="$warm $args"
     [ -z "$name" ] && continue
+    [ "$(left)" -gt 0 ] || { echo "no time left to start $name"; continue; }
     local resume=""
     [ -f "out/synth/$name/results.json" ] && resume=--resume
     echo "== $(date +%T) synth $name $resume"
