@@ -9,7 +9,8 @@
 #   lm-ablation   experiments/lm_ablation.py on .data/shakespeare (LM_JOBS processes at once,
 #                 no new run after LM_DEADLINE seconds, killed after LM_LIMIT); carry
 #                 out/lm-ablation to continue it (finished sweeps and runs are not run again)
-#   calibrate     seconds per step of the synthetic configurations (CAL_STEPS steps each)
+#   calibrate     seconds per step of the synthetic configurations (CAL_STEPS steps each, at
+#                 most CAL_LIMIT seconds each; CAL_ONLY: a regex of the names to run)
 #   demo          srope demo on the machine's CPU cores for DEMO_SEEDS (groups of seeds run
 #                 at once, e.g. "1010-1012 1013-1015"), into out/demo/GROUP
 #   state-tracking  Fig. 7's Transformer S2 (3 encodings) and DeltaNet A3 (NoPE, Selective RoPE)
@@ -27,17 +28,22 @@ calibrate() {
   local steps=${CAL_STEPS:-40} i=0
   while read -r name args; do
     i=$((i + 1))
-    echo "== $(date +%T) calibrate $name"
+    [[ $name =~ ${CAL_ONLY:-.} ]] || continue
+    local limit
+    limit=$(left)
+    [ "${CAL_LIMIT:-120}" -lt "$limit" ] && limit=${CAL_LIMIT:-120}
+    [ "$limit" -gt 0 ] || { echo "no time left to calibrate $name"; continue; }
+    echo "== $(date +%T) calibrate $name (at most $limit s)"
     # shellcheck disable=SC2086
-    timeout -k 10 120 python3 -m srope synth $args --set max_steps="$steps" --set checkpoint_every=100000 --no-progress \
+    timeout -k 10 "$limit" python3 -m srope synth $args --set max_steps="$steps" --set checkpoint_every=100000 --no-progress \
       --label "$name" --out "out/calibrate/$name" 2>&1 | tail -n 3
   done <<'LIST'
+copying-authors copying --set seeds=0 --set eval_lengths=2-64 --set eval_examples=64
 st-gla-authors state_tracking --preset authors --set seeds=0 --set eval_size=2048
 st-attention-s2 state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --set seeds=0 --set eval_size=2048
 st-deltanet-a3 state_tracking --preset paper_a3 --set seeds=0 --set eval_size=2048
 mqar-512-d64 mqar --set configs=512x64 --set d_models=64 --set lrs=0.001 --set test_examples=256
 mqar-512-d512 mqar --set configs=512x64 --set d_models=512 --set lrs=0.001 --set test_examples=256
-copying-authors copying --set seeds=0 --set eval_lengths=2-64 --set eval_examples=64
 LIST
 }
 

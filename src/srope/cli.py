@@ -210,7 +210,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser, *, what: str, sets: str 
     parser.add_argument("--data", default="shakespeare", help="shakespeare | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a prepared token store")
     parser.add_argument("--cache", default=None, help="data cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
     parser.add_argument("--tokenizer", default="mistral-v1", help="mistral-v1 (the paper's; default) or a local Hugging Face tokenizer folder")
-    parser.add_argument("--val-fraction", type=_fraction, default=None, help="held-out fraction of the documents of a local or hf source (default 0.01; the same as --set val_fraction=...)")
+    parser.add_argument("--val-fraction", type=_fraction, default=None, help="held-out fraction of the documents of a local or hf source, half the validation split (lr choice, evals while training), half the test split (srope eval) (default 0.01; the same as --set val_fraction=...)")
     parser.add_argument("--max-steps", type=_positive_int, required=True, help=what)
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help=f"override a TrainConfig field, model.FIELD or position.OPTION {sets}")
 
@@ -229,7 +229,7 @@ def _add_train(commands) -> None:
         "train",
         help="pre-train a language model (also under torchrun --nproc-per-node K -m srope train)",
         description="Train a model preset on a corpus. A plain .txt file is split into documents at blank lines "
-        "(long paragraphs in chunks); a held-out fraction of the documents (--val-fraction) is the validation split.",
+        "(long paragraphs in chunks); a held-out fraction of the documents (--val-fraction) is split between the validation and test splits.",
     )
     _add_run_arguments(train, what="optimiser steps of the whole run (fixes the schedule)")
     train.add_argument("--out", default=None, help=f"run folder: checkpoints, metrics.jsonl, tensorboard, model/ (default: {OUT}/train/PRESET-POSITION)")
@@ -266,7 +266,7 @@ def _add_data(commands) -> None:
     prepare.add_argument("--split", default="train", help="dataset split to read (hf sources; default: train)")
     prepare.add_argument("--text-field", default="text", help="column holding the text (default: text)")
     prepare.add_argument("--revision", default=None, help="dataset revision (hf sources)")
-    prepare.add_argument("--val-fraction", type=_fraction, default=None, help="held-out fraction of documents (default 0.01; not for shakespeare)")
+    prepare.add_argument("--val-fraction", type=_fraction, default=None, help="held-out fraction of documents, half validation, half test (default 0.01; not for shakespeare, whose splits are fixed plays)")
     prepare.add_argument("--max-train-tokens", type=_positive_int, default=None, help="stop after this many training tokens")
     prepare.add_argument("--max-val-tokens", type=_positive_int, default=None, help="cap the held-out split")
     prepare.add_argument("--no-bos", action="store_true", help="do not start documents with the bos token")
