@@ -4,7 +4,7 @@
 # Expects fla 0.6.0 wheels in .whl/ (../shared/tools/device-wheels.sh), the Triton cache in
 # .tcache/ (../shared/tools/triton-cache.sh init) and a prepared token store in .data/shakespeare
 # (srope data prepare shakespeare, then copy the store folder it prints); carry all three.
-# SROPE_COMMIT names the commit the working tree is (the device copy has no .git).
+# SROPE_COMMIT names the commit the working tree is (the device copy's .git, if any, can be older).
 #   checks      the training step as a CUDA graph against eager, resume, host syncs (12 pairs;
 #               Triton autotuning cut to one config: correctness only, run it after timings)
 #   train       srope train (the CLI) and model.generate, beside fla's GLAForCausalLM

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call for the paper's experiments: bash experiments/gpu.sh STAGE [STAGE ...]
 # Carry .whl, .tcache and .data as for benchmarks/run.sh; SROPE_COMMIT names the commit of the
-# working tree (the device copy has no .git). Each stage packs its result folder, without
+# working tree (the device copy's .git, if any, can be older than its files). Each stage packs its result folder, without
 # weights and checkpoints, into $OUT/STAGE.tgz. Every process has a time limit that ends (with
 # SIGKILL 20 s after SIGINT) before the call's own: what is not packed when a call is cut off
 # does not come back. By default the limits are what is left of CALL_S seconds (560) from the
@@ -21,6 +21,7 @@
 set -u
 END=$(($(date +%s) + ${CALL_S:-560}))
 left() { echo $((END - $(date +%s) - ${1:-40})); }  # seconds left in the call, less a margin
+at_most() { local l; l=$(left); [ "$1" -lt "$l" ] && l=$1; echo "$l"; }  # $1 seconds or what is left
 source benchmarks/device-env.sh
 pack() { tar czf "$R/$1.tgz" --exclude=checkpoints --exclude=tensorboard --exclude=model --exclude='*.safetensors' -C out "$1"; ls -la "$R/$1.tgz"; }
 
@@ -30,8 +31,7 @@ calibrate() {
     i=$((i + 1))
     [[ $name =~ ${CAL_ONLY:-.} ]] || continue
     local limit
-    limit=$(left)
-    [ "${CAL_LIMIT:-120}" -lt "$limit" ] && limit=${CAL_LIMIT:-120}
+    limit=$(at_most "${CAL_LIMIT:-120}")
     [ "$limit" -gt 0 ] || { echo "no time left to calibrate $name"; continue; }
     echo "== $(date +%T) calibrate $name (at most $limit s)"
     # shellcheck disable=SC2086
@@ -70,8 +70,7 @@ synth_all() {
     [ "$warm" = warm ] || continue
     [ -f "out/synth/$name/results.json" ] && continue  # begun in an earlier call: caches are warm
     local limit
-    limit=$(left)
-    [ "${WARM_LIMIT:-240}" -lt "$limit" ] && limit=${WARM_LIMIT:-240}
+    limit=$(at_most "${WARM_LIMIT:-240}")
     [ "$limit" -gt 0 ] || { echo "no time left to warm $name"; continue; }
     echo "== $(date +%T) warm-up for $name (at most $limit s)"
     # shellcheck disable=SC2086

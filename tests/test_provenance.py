@@ -15,6 +15,7 @@ def _git(*args):
 
 
 def test_record_names_commit_command_and_versions(monkeypatch):
+    monkeypatch.delenv("SROPE_COMMIT", raising=False)
     record = provenance.record(["srope", "train", "--preset", "gla-tiny"], seeds=[1, 2], wall_s=3.5)
     assert record["command"] == "srope train --preset gla-tiny" and record["seeds"] == [1, 2] and record["wall_s"] == 3.5
     assert {"python", "torch"} <= set(record["versions"]) and record["date"]
@@ -24,6 +25,13 @@ def test_record_names_commit_command_and_versions(monkeypatch):
     monkeypatch.setenv("SROPE_COMMIT", "abc1234")
     assert provenance.commit() == ("abc1234", None)
     assert provenance.is_stale("abc1234") is None  # cannot tell outside a checkout
+
+
+def test_the_commit_named_by_whoever_copied_the_tree_wins(monkeypatch):
+    # A device copy can carry an older .git than its files: the name given with it is the truth.
+    monkeypatch.setenv("SROPE_COMMIT", "f" * 40)
+    assert provenance.commit() == ("f" * 40, None)
+    assert provenance.record(["srope"])["commit"] == "f" * 40
 
 
 def test_stale_when_the_model_code_changed_after_the_result():

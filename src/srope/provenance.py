@@ -4,9 +4,9 @@ Every result srope writes records :func:`record`. :func:`is_stale` tells whether
 was produced by code older than the last change to the code it depends on (the model and
 op code by default), so that a report can mark it.
 
-The commit is read from git where srope runs from a checkout; where it does not (a copy of
-the tree without ``.git``, as on a lent GPU machine), from the environment variable
-``SROPE_COMMIT``, which whoever copies the tree sets.
+The commit is the environment variable ``SROPE_COMMIT`` when whoever copied the tree set it
+(a copy, as on a lent GPU machine, may carry no ``.git`` or an older one than the files it
+holds), else git's HEAD where srope runs from a checkout.
 """
 
 from __future__ import annotations
@@ -32,12 +32,14 @@ def _git(*args: str) -> str | None:
 
 
 def commit() -> tuple[str | None, bool | None]:
-    """``(commit, dirty)``: HEAD of the checkout and whether its ``src/`` has uncommitted
-    changes, else ``$SROPE_COMMIT`` (dirty unknown), else ``(None, None)``."""
+    """``(commit, dirty)``: ``$SROPE_COMMIT`` (dirty unknown) when set, else HEAD of the
+    checkout and whether its ``src/`` has uncommitted changes, else ``(None, None)``."""
+    if os.environ.get("SROPE_COMMIT"):
+        return os.environ["SROPE_COMMIT"], None
     head = _git("rev-parse", "HEAD") if (ROOT / ".git").exists() else None
     if head:
         return head, bool(_git("status", "--porcelain", "--", "src"))
-    return os.environ.get("SROPE_COMMIT") or None, None
+    return None, None
 
 
 def versions() -> dict:
