@@ -18,11 +18,34 @@
 #                 checkpoints; the same stage again on the still-warm machine resumes them
 #   copying       Fig. 5 at the authors' protocol: NoPE, RoPE, Selective RoPE and Selective
 #                 RoPE + gate + bias for COPY_SEEDS (default 0), resumed as state-tracking is
+#   collect       waits (while the call lasts) for stages started with DETACH=1, printing their
+#                 progress every PROGRESS_S seconds, then copies their packed results to $OUT
+# SYNTH_ONLY (a regex) keeps only the synthetic runs whose names match.
+#
+# DETACH=1 starts the stages in a process session of their own and returns at once: they
+# outlive the call (the device machine ends only processes of the call's session) and run on
+# while the machine stays warm, with CALL_S counted from now. Later calls on the warm machine
+# run "collect". Results go to out/gpu until collected.
 set -u
+if [ -n "${DETACH:-}" ] && [ -n "${OUT:-}" ]; then
+  mkdir -p out/gpu
+  tag=$(echo "$*" | tr ' ' '+')
+  DETACH='' OUT='' setsid nohup bash "$0" "$@" > "out/gpu/detached-$tag.log" 2>&1 < /dev/null &
+  echo $! > "out/gpu/detached-$tag.pid"
+  echo "detached: stages $* in process $! (log out/gpu/detached-$tag.log)"
+  exit 0
+fi
 END=$(($(date +%s) + ${CALL_S:-560}))
 left() { echo $((END - $(date +%s) - ${1:-40})); }  # seconds left in the call, less a margin
 at_most() { local l; l=$(left); [ "$1" -lt "$l" ] && l=$1; echo "$l"; }  # $1 seconds or what is left
-source benchmarks/device-env.sh
+if [ "$*" = collect ]; then
+  # beside detached stages: their wheels and Triton cache stay as they are (carry none of them)
+  R=${OUT:-out/gpu} TRITON_CACHE_DIR=$PWD/.tcache/cache
+  export TRITON_CACHE_DIR
+else
+  source benchmarks/device-env.sh
+fi
+export TQDM_MININTERVAL=${TQDM_MININTERVAL:-20}  # progress lines in the logs, not a stream of them
 pack() { tar czf "$R/$1.tgz" --exclude=checkpoints --exclude=tensorboard --exclude=model --exclude='*.safetensors' -C out "$1"; ls -la "$R/$1.tgz"; }
 
 calibrate() {
@@ -65,7 +88,7 @@ demo() {
 # machine, which ran a first call of this stage past its time).
 synth_all() {
   local pids=() lines
-  lines=$(cat)
+  lines=$(grep -E "^(${SYNTH_ONLY:-.*})( |$)")
   while read -r name warm args; do
     [ "$warm" = warm ] || continue
     [ -f "out/synth/$name/results.json" ] && continue  # begun in an earlier call: caches are warm
@@ -86,12 +109,30 @@ synth_all() {
     [ -f "out/synth/$name/results.json" ] && resume=--resume
     echo "== $(date +%T) synth $name $resume"
     # shellcheck disable=SC2086
-    (timeout -s INT -k 20 "${SYNTH_LIMIT:-$(left)}" python3 -m srope synth $args --no-progress --label "$name" --out "out/synth/$name" $resume \
+    (timeout -s INT -k 20 "${SYNTH_LIMIT:-$(left)}" python3 -m srope synth $args --label "$name" --out "out/synth/$name" $resume \
       > "out/synth/$name.log" 2>&1; echo "== $(date +%T) $name exit $?" >> "out/synth/$name.log") &
     pids+=($!)
   done <<< "$lines"
   wait "${pids[@]}"
-  tail -n 6 out/synth/*.log
+  progress
+}
+# The last progress line of every synthetic run's log (tqdm rewrites its line with \r).
+progress() {
+  local log
+  for log in out/synth/*.log; do
+    [ -f "$log" ] && printf '%s: %s\n' "$(basename "$log" .log)" "$(tr '\r' '\n' < "$log" | grep -v '^\s*$' | tail -n 1 | cut -c1-160)"
+  done
+}
+
+running() { local f; for f in out/gpu/detached-*.pid; do [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && return 0; done; return 1; }
+collect() {
+  while running && [ "$(left 20)" -gt 0 ]; do
+    echo "== $(date +%T) running; GPU $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null)"; progress
+    sleep "$(at_most "${PROGRESS_S:-120}")"
+  done
+  running && echo "== still running: results of what finished so far only"
+  echo "== $(date +%T)"; tail -n 12 out/gpu/detached-*.log; progress
+  cp out/gpu/*.tgz "$R"/ 2>/dev/null; ls -la "$R"
 }
 pack_synth() { (cd out && tar czf "$R/$1.tgz" --exclude=checkpoints --exclude='*.safetensors' synth/$2*); ls -la "$R/$1.tgz"; }
 
@@ -105,6 +146,7 @@ stage() {
       pack lm-ablation ;;
     calibrate) calibrate; pack calibrate ;;
     demo) demo; pack demo ;;
+    collect) collect ;;
     state-tracking)
       synth_all <<LIST
 st-attention-s2-nope warm state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position nope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
@@ -134,4 +176,4 @@ for name in ${BACKGROUND:-}; do
 done
 for name in "$@"; do stage "$name"; done
 [ ${#background[@]} -gt 0 ] && wait "${background[@]}" && cat out/stage-*.log
-bash .tcache/pack.sh
+[ -n "${OUT:-}" ] && bash .tcache/pack.sh
