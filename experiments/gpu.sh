@@ -14,8 +14,8 @@
 #   demo          srope demo on the machine's CPU cores for DEMO_SEEDS (groups of seeds run
 #                 at once, e.g. "1010-1012 1013-1015"), into out/demo/GROUP
 #   state-tracking  Fig. 7's Transformer S2 (3 encodings) and DeltaNet A3 (NoPE, Selective RoPE)
-#                 panels, all at once, stopped by SIGINT after SYNTH_LIMIT seconds with
-#                 checkpoints; the same stage again on the still-warm machine resumes them
+#                 panels, all at once, each trained for what is left of the call (max_seconds)
+#                 and then evaluated; eval_size ST_EVAL (16384) instead of the preset's 500,000
 #   copying       Fig. 5 at the authors' protocol: NoPE, RoPE, Selective RoPE and Selective
 #                 RoPE + gate + bias for COPY_SEEDS (default 0), resumed as state-tracking is
 #   collect       waits (while the call lasts) for stages started with DETACH=1, printing their
@@ -96,6 +96,7 @@ synth_all() {
     limit=$(at_most "${WARM_LIMIT:-240}")
     [ "$limit" -gt 0 ] || { echo "no time left to warm $name"; continue; }
     echo "== $(date +%T) warm-up for $name (at most $limit s)"
+    args=${args//@LEFT@/$limit}
     # shellcheck disable=SC2086
     timeout -k 10 "$limit" python3 -m srope synth $args --set max_steps=1 ${WARM_SET:-} --no-progress --out "out/warm/$name" \
       > "out/synth/warm-$name.log" 2>&1
@@ -104,6 +105,7 @@ synth_all() {
   while read -r name warm args; do
     [ "$warm" = warm ] || args="$warm $args"
     [ -z "$name" ] && continue
+    args=${args//@LEFT@/$(left 90)}  # seconds left in the call when the run starts, less a margin
     [ "$(left)" -gt 0 ] || { echo "no time left to start $name"; continue; }
     local resume=""
     [ -f "out/synth/$name/results.json" ] && resume=--resume
@@ -128,7 +130,9 @@ running() { local f; for f in out/gpu/detached-*.pid; do [ -f "$f" ] && kill -0 
 collect() {
   while running && [ "$(left 20)" -gt 0 ]; do
     echo "== $(date +%T) running; GPU $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null)"; progress
-    sleep "$(at_most "${PROGRESS_S:-120}")"
+    local nap; nap=$(at_most "${PROGRESS_S:-120}")
+    [ "$nap" -gt 0 ] || break
+    sleep "$nap"
   done
   running && echo "== still running: results of what finished so far only"
   echo "== $(date +%T)"; tail -n 12 out/gpu/detached-*.log; progress
@@ -148,12 +152,13 @@ stage() {
     demo) demo; pack demo ;;
     collect) collect ;;
     state-tracking)
+      local ST="--set eval_size=${ST_EVAL:-16384} --set max_seconds=@LEFT@"
       synth_all <<LIST
-st-attention-s2-nope warm state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position nope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
-st-attention-s2-rope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position rope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
-st-attention-s2-srope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position selective_rope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
-st-deltanet-a3-nope warm state_tracking --preset paper_a3 --position nope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
-st-deltanet-a3-srope state_tracking --preset paper_a3 --position selective_rope --set seeds=555 --set max_steps=${ST_STEPS:-3000}
+st-attention-s2-nope warm state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position nope --set seeds=555 $ST
+st-attention-s2-rope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position rope --set seeds=555 $ST
+st-attention-s2-srope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position selective_rope --set seeds=555 $ST
+st-deltanet-a3-nope warm state_tracking --preset paper_a3 --position nope --set seeds=555 $ST
+st-deltanet-a3-srope state_tracking --preset paper_a3 --position selective_rope --set seeds=555 $ST
 LIST
       pack_synth state-tracking st- ;;
     copying)

@@ -15,7 +15,7 @@ from torch import nn
 
 from srope.tasks import run_synthetic
 from srope.tasks.cli import add_synth_arguments, run_synth_command
-from srope.tasks.common import ArrayStream, Prepared, Setting, apply_overrides
+from srope.tasks.common import ArrayStream, Prepared, Setting, apply_overrides, check_train_config
 from srope.tasks.runner import learning_rate, report, resolve_preset, train_run  # srope.tasks.report is also a module's name
 from srope.tasks.state_tracking import PRESETS as ST_PRESETS
 from srope.cli import srope_model_factory
@@ -143,6 +143,16 @@ def test_max_steps_caps_a_run():
     record = train_run("state_tracking", cfg, Setting("fake", "fake", 3, 3, {}), fake.prepared, lambda r: nn.Sequential(nn.Embedding(3, 4), nn.Linear(4, 3)),
                        lr=1e-3, weight_decay=0.0, seed=0, device=torch.device("cpu"), progress=False)
     assert record["steps"] == 3 and record["planned_steps"] == 3 and record["epochs"] == 2
+
+
+def test_max_seconds_ends_a_run_with_an_evaluation():
+    cfg = apply_overrides(ST_PRESETS["authors"], {"epochs": 10, "stop_at": None, "max_seconds": 1e-9})
+    fake = _Scripted([0.25] * 10)
+    record = train_run("state_tracking", cfg, Setting("fake", "fake", 3, 3, {}), fake.prepared, lambda r: nn.Sequential(nn.Embedding(3, 4), nn.Linear(4, 3)),
+                       lr=1e-3, weight_decay=0.0, seed=0, device=torch.device("cpu"), progress=False)
+    assert record["steps"] == 1 and record["stopped"] == "time" and record["epochs"] == 1 and record["score"] == 0.25
+    with pytest.raises(ValueError, match="max_seconds"):
+        check_train_config(apply_overrides(ST_PRESETS["authors"], {"max_seconds": 0}))
 
 
 def test_schedules():

@@ -42,6 +42,9 @@ class TrainConfig:
     (``>`` or, with ``stop_inclusive``, ``>=``); ``patience``: stop after that many evals
     without improvement. ``select``: which eval a run reports, ``"final"`` or ``"best"``.
     ``max_steps`` caps every run (for quick runs; ``None``: the protocol's length).
+    ``max_seconds`` is a wall-clock budget per run (resumed time counted): training stops at
+    the first step past it, the run evaluates once more and records ``stopped: "time"``. The
+    schedule is the planned one, so such a run ends before its learning rate has decayed.
 
     Checkpoints: the run in progress is saved every ``checkpoint_every`` optimiser steps (and
     at a planned stop), so ``--resume`` continues it exactly; ``save_weights`` keeps every
@@ -60,6 +63,7 @@ class TrainConfig:
     eval_batch_size: int = 256
     epochs: int = 1
     max_steps: int | None = None
+    max_seconds: float | None = None
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     grad_clip: float | None = None
@@ -100,6 +104,8 @@ def check_train_config(cfg: TrainConfig, auto_batch: bool = False) -> None:
         raise ValueError(f"batch_size{' (0: automatic)' if auto_batch else ''}, eval_batch_size and epochs must be >= 1")
     if cfg.max_steps is not None and cfg.max_steps < 1:
         raise ValueError(f"max_steps must be >= 1 or None, got {cfg.max_steps}")
+    if cfg.max_seconds is not None and not cfg.max_seconds > 0:
+        raise ValueError(f"max_seconds must be > 0 or None, got {cfg.max_seconds}")
     if isinstance(cfg.checkpoint_every, bool) or not isinstance(cfg.checkpoint_every, int) or cfg.checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be a positive number of steps, got {cfg.checkpoint_every!r}")
     if not 0.0 <= cfg.warmup < 1.0:

@@ -204,6 +204,11 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         }  # fmt: skip
         save_checkpoint(run_dir, step, model, optimizer, state, World())
 
+    max_seconds = getattr(cfg, "max_seconds", None)
+
+    def out_of_time() -> bool:
+        return max_seconds is not None and seconds_before + time.perf_counter() - start >= max_seconds
+
     bar = tqdm(total=total, initial=step, desc=f"{setting.name} lr={lr:g} wd={weight_decay:g} seed={seed}", disable=not progress, leave=False, dynamic_ncols=True)
     for epoch in range(first_epoch, epochs):
         if resumed is not None and epoch == first_epoch:  # the epoch in progress at the checkpoint
@@ -244,6 +249,9 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             if stop:
                 bar.close()
                 return None
+            if out_of_time():
+                stopped = "time"
+                break
         mean_loss = float(loss_sum) / loss_count if loss_count else None
         if mean_loss is not None and not math.isfinite(mean_loss):
             diverged, stopped, mean_loss = True, "diverged", None
@@ -254,7 +262,10 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             best, since_best = last, 0
         else:
             since_best += 1
-        if diverged:
+        if diverged or stopped == "time":
+            break
+        if out_of_time() and epoch + 1 < epochs:
+            stopped = "time"
             break
         if cfg.stop_at is not None and (last["score"] >= cfg.stop_at if cfg.stop_inclusive else last["score"] > cfg.stop_at):
             stopped = "threshold"
