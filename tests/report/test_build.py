@@ -156,3 +156,32 @@ def test_lm_selection_run_chooses_and_the_seeds_at_its_lr_are_reported(tmp_path)
     assert "ours: test ppl @ 512" in text
     assert "lr 0.001 chosen from {0.001, 0.002} on seed 0 by lowest final val_ppl" in text
     assert "chosen on the split the perplexity is reported on" not in text
+
+
+def test_a_time_limited_run_counts_the_steps_it_trained_and_says_so(tmp_path):
+    """A run ended by max_seconds: its budget is the steps it trained, its row and its verdict
+    say so, and a smaller eval set than the presets' is named."""
+    from srope.report.build import write_report
+
+    from .conftest import _write, head, run, synth
+
+    cfg = {"group": "S2", "train_len": 128, "eval_len": 512, "train_size": 2_000_000, "eval_size": 16_384, "epochs": 100, "batch_size": 4096,
+           "lrs": [1e-3], "mixer": "attention", "model": {"hidden_size": 384, "num_hidden_layers": 1, "num_heads": 12}}
+    settings = [{"name": "S2", "params": {}, "max_len": 129}]
+    for position, steps in (("nope", 2_000), ("rope", 1_900), ("selective_rope", 1_500)):
+        record = {**run("S2", 555, 0.0, {"seq_acc_at_train_len": 0.0}, planned=48_900), "steps": steps, "stopped": "time"}
+        _write(tmp_path / f"st-{position}/results.json", synth("state_tracking", position, [record], cfg, settings, head()))
+    out = tmp_path / "report"
+    write_report([tmp_path], out)
+    text = (out / "state_tracking.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| gla/selective_rope ("))
+    assert "time limit: 1,500 of 48,900 steps" in row and "eval set 16,384 sequences, not 500,000" in row
+    assert f"| {1_500 * 4096 * 128 / 25.6e9 * 100:.2g}% |" in row  # 1,500 steps x 4096 x 128 tokens of 25.6B
+    assert "runs ended by a time limit before their planned steps" in text
+
+
+def test_the_state_tracking_preset_eval_size_is_the_one_the_report_names():
+    from srope.report.collect import ST_PRESET_EVAL_SIZE
+    from srope.tasks.state_tracking import PRESETS
+
+    assert {PRESETS[name].eval_size for name in ("authors", "paper", "paper_a3")} == {ST_PRESET_EVAL_SIZE}

@@ -271,7 +271,8 @@ def paper_cell(exp: paper.Experiment | None, row_name: str | None, column: str, 
 
 def _label_cell(row: Row) -> str:
     marks = ("†" if row.stale else "") + ("‡" if row.unknown else "")
-    extra = f" ({', '.join(row.notes)})" if any(n in ("incomplete", "diverged") for n in row.notes) else ""
+    shown = [n for n in row.notes if n in ("incomplete", "diverged") or n.startswith(("time limit", "eval set"))]
+    extra = f" ({', '.join(shown)})" if shown else ""
     return row.label + marks + extra
 
 
@@ -293,8 +294,12 @@ def _beats(a: tuple | None, b: tuple | None, margin: float = MARGIN) -> bool:
     return a[0] - b[0] > max(spread, margin)
 
 
-def _one_seed(rows: Iterable[Row]) -> str:
-    return " (one seed: the spread is unknown)" if any(len(r.runs) < 2 for r in rows) else ""
+def _caveats(rows: Iterable[Row]) -> str:
+    rows = list(rows)
+    out = " (one seed: the spread is unknown)" if any(len(r.runs) < 2 for r in rows) else ""
+    if any(n.startswith("time limit") for r in rows for n in r.notes):
+        out += " (runs ended by a time limit before their planned steps, see the budget column: not learning there says little)"
+    return out
 
 
 def _by_paper_row(rows: list[Row], metric: str) -> dict[str, Row]:
@@ -389,7 +394,7 @@ def copying_verdict(group: list[Row]) -> Verdict:
         return Verdict("not comparable", "no accuracy beyond the training length (evaluated only up to it)")
     said = f"string accuracy beyond the training length: Selective RoPE ({best['Selective RoPE'].label}) {fmt(sel)}%, NoPE {fmt(nope)}%, RoPE {fmt(rope)}%"
     ok = sel[0] >= COPY_EXTRAPOLATES and _beats(sel, nope) and _beats(sel, rope)
-    return Verdict("reproduced" if ok else "not reproduced", said + _one_seed(best.values()))
+    return Verdict("reproduced" if ok else "not reproduced", said + _caveats(best.values()))
 
 
 def _mean_curve(row: Row, name: str) -> tuple[list, list] | None:
@@ -472,7 +477,7 @@ def mqar_verdict(group: list[Row], points: dict) -> Verdict:
     said = (f"mean accuracy over widths {', '.join(str(w) for w in sorted(widths))}: Selective RoPE {fmt(sel)}%, NoPE {fmt(nope)}%, RoPE {fmt(rope)}%"
             + ("; RoPE beats NoPE as the paper says" if _beats(rope, nope) else "; RoPE does not beat NoPE (the paper: positional information helps)"))
     ok = _beats(sel, nope) and _beats(sel, rope)
-    return Verdict("reproduced" if ok else "not reproduced", said + _one_seed(by_name.values()))
+    return Verdict("reproduced" if ok else "not reproduced", said + _caveats(by_name.values()))
 
 
 def state_tracking_page(rows: list[Row]) -> Page:
@@ -524,7 +529,7 @@ def state_tracking_verdict(exp: paper.Experiment, group: list[Row]) -> Verdict:
             checks.append((f"{name} does not learn: {fmt(s)}%", s is not None and s[0] < FAILS))
     ok = all(passed for _, passed in checks)
     said = "; ".join(f"{text} ({'yes' if passed else 'no'})" for text, passed in checks)
-    return Verdict("reproduced" if ok else "not reproduced", said + _one_seed(best.values()))
+    return Verdict("reproduced" if ok else "not reproduced", said + _caveats(best.values()))
 
 
 def mad_page(rows: list[Row]) -> Page:
@@ -585,8 +590,8 @@ def mad_verdict(group: list[Row]) -> Verdict:
     ordering = above_nope and not_below_rope
     if len(common) < paper.MAD_SETTINGS:
         return Verdict("not comparable", f"{len(common)}/{paper.MAD_SETTINGS} settings (the paper averages all 66); the paper's ordering "
-                       f"{'holds' if ordering else 'does not hold'} on them: {said}" + _one_seed(named))
-    return Verdict("reproduced" if ordering else "not reproduced", said + _one_seed(named))
+                       f"{'holds' if ordering else 'does not hold'} on them: {said}" + _caveats(named))
+    return Verdict("reproduced" if ordering else "not reproduced", said + _caveats(named))
 
 
 def lm_page(rows: list[Row]) -> Page:
@@ -688,7 +693,7 @@ def lm_verdict(exp: paper.Experiment, group: list[Row], metric: str, names: tupl
         paper_best = max(names, key=lambda n: exp.value(n, metric).value)
         ok = all(_beats(stats[paper_best], stats[n], 0.0) for n in names if n != paper_best)
         said += f"; the paper's best: {paper_best}"
-    return Verdict("reproduced" if ok else "not reproduced", f"Avg accuracy {said}" + _one_seed(by_name.values()))
+    return Verdict("reproduced" if ok else "not reproduced", f"Avg accuracy {said}" + _caveats(by_name.values()))
 
 
 # ---------------------------------------------------------------------------------------

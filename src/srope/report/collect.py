@@ -238,9 +238,13 @@ def _zoology_batch(seq_len: int) -> int:  # srope.tasks.mqar.zoology_batch_size 
     return 64 if seq_len >= 1024 else 128 if seq_len >= 512 else 256 if seq_len >= 256 else 512
 
 
+ST_PRESET_EVAL_SIZE = 500_000  # the state-tracking presets' evaluation set (srope.tasks.state_tracking)
+
+
 def _run_examples(task: str, cfg: dict, setting: dict, run: dict) -> float | None:
-    """Examples (sequences) a run was allowed to train on: its planned steps x batch."""
-    steps = run.get("planned_steps")
+    """Examples (sequences) a run was allowed to train on: its planned steps x batch (the steps
+    it trained when a time limit ended it)."""
+    steps = run.get("steps") if run.get("stopped") == "time" else run.get("planned_steps")
     if steps is None:
         return None
     batch = cfg.get("batch_size") or (_zoology_batch(int(setting.get("params", {}).get("seq_len", setting.get("max_len", 0)))) if task == "mqar" else None)
@@ -357,6 +361,10 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
                     curves[name] = (curve["x"], curve["y"])
             if record.get("diverged"):
                 notes = [*notes, "diverged"] if "diverged" not in notes else notes
+            if record.get("stopped") == "time":
+                notes = [*notes, f"time limit: {record['steps']:,} of {record['planned_steps']:,} steps"]
+        if task == "state_tracking" and cfg.get("eval_size") not in (None, ST_PRESET_EVAL_SIZE):
+            notes = [*notes, f"eval set {cfg['eval_size']:,} sequences, not {ST_PRESET_EVAL_SIZE:,}"]
         if task == "mad":
             metrics = {**mad_scores(metrics), **{f"s:{name}": score for name, score in metrics.items()}}
         elif task == "state_tracking" and budget is not None:
