@@ -1,0 +1,101 @@
+"""Where a synthetic task's training step spends its time, to plan GPU calls and to see what
+would make the paper's protocols cheaper.
+
+For each configuration, the model ``srope synth`` builds for it, one batch of the task's real
+shape drawn by the task itself, and the runner's step (bf16 autocast on CUDA, cross-entropy
+over the vocabulary, AdamW): the batch's host time, the step's wall time (median of
+``--steps``, synchronised), its GPU kernel time and the top kernels.
+
+    python benchmarks/profile_synth.py --out $OUT/profile_synth.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from benchmarks.bench_op import kernel_time
+from benchmarks.common import environment, write_json
+from srope import provenance
+from srope.cli import srope_model_factory
+from srope.tasks.common import IGNORE, rng_for
+from srope.tasks.runner import _autocast, as_logits, get_task, model_request, resolve_preset
+
+CONFIGS = {  # name: (task, preset, overrides), as experiments/gpu.sh runs them
+    "copying-nope": ("copying", "authors", {"position_type": "nope"}),
+    "copying-srope": ("copying", "authors", {"position_type": "selective_rope"}),
+    "st-attention-s2-srope": ("state_tracking", "paper", {"mixer": "attention", "model.num_hidden_layers": 1, "position_type": "selective_rope"}),
+    "st-deltanet-a3-srope": ("state_tracking", "paper_a3", {"position_type": "selective_rope"}),
+}
+
+
+def step_profile(task: str, preset: str, overrides: dict, device: torch.device, steps: int, batch: int | None) -> dict:
+    if batch:
+        overrides = {**overrides, "batch_size": batch, "train_size": max(batch, 4096)} if task == "state_tracking" else {**overrides, "batch_size": batch}
+    cfg = resolve_preset(task, preset, {**overrides, "train_size": 8192} if task == "state_tracking" else overrides)
+    module = get_task(task)
+    setting = module.settings(cfg)[0]
+    prepared = module.prepare(cfg, setting, None)
+    rng = rng_for(0, "profile", task)
+    start = time.perf_counter()
+    x_np, y_np = next(iter(prepared.train.epoch(0, rng)))
+    host_ms = (time.perf_counter() - start) * 1e3
+    torch.manual_seed(0)
+    model = srope_model_factory(model_request(task, cfg, setting)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
+    vocab = setting.vocab_size
+
+    def step():
+        with _autocast(device):
+            logits = as_logits(model(x))[..., :vocab]
+        loss = F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    step()
+    step()  # compile, autotune
+    times = []
+    for _ in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    out = {"batch": list(x.shape), "parameters": sum(p.numel() for p in model.parameters()), "host_batch_ms": round(host_ms, 2),
+           "step_ms": round(float(np.median(times)), 2), "tokens_per_s": round(x.numel() / float(np.median(times)) * 1e3)}
+    if device.type == "cuda":
+        timing = kernel_time(step, repeats=3)
+        out["kernel_ms"] = round(timing["kernel_ms"], 2)
+        top: dict[str, float] = {}
+        for name, ms in timing["kernels"].items():
+            top[name[:80]] = round(top.get(name[:80], 0.0) + ms, 3)
+        out["kernels"] = dict(sorted(top.items(), key=lambda kv: -kv[1])[:25])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", choices=sorted(CONFIGS), help="configurations (default: all)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=None, help="a smaller batch than the protocol's (for a CPU smoke run)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    results = {}
+    for name in args.only or CONFIGS:
+        results[name] = step_profile(*CONFIGS[name], device, args.steps, args.batch)
+        print(name, {k: v for k, v in results[name].items() if k != "kernels"}, flush=True)
+    write_json(args.out, {"provenance": provenance.record(), "environment": environment(), "configs": results})
+
+
+if __name__ == "__main__":
+    main()
