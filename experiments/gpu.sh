@@ -17,7 +17,11 @@
 #                 panels, all at once, each trained for what is left of the call (max_seconds)
 #                 and then evaluated; eval_size ST_EVAL (16384) instead of the preset's 500,000
 #   copying       Fig. 5 at the authors' protocol: NoPE, RoPE, Selective RoPE and Selective
-#                 RoPE + gate + bias for COPY_SEEDS (default 0), resumed as state-tracking is
+#                 RoPE + gate + bias for COPY_SEEDS (default 0), each trained for at most what is
+#                 left of the call less EVAL_MARGIN (150 s) for the evaluation at every length
+#                 (batches of 1000). One run alone takes 6-8 minutes of training on an H200
+#                 (75-98 ms a step, GPU-bound), so one call fits one variant:
+#                 SYNTH_ONLY='copying-srope' bash experiments/gpu.sh copying
 #   collect       waits (while the call lasts) for stages started with DETACH=1, printing their
 #                 progress every PROGRESS_S seconds, then copies their packed results to $OUT
 # SYNTH_ONLY (a regex) keeps only the synthetic runs whose names match.
@@ -105,7 +109,7 @@ synth_all() {
   while read -r name warm args; do
     [ "$warm" = warm ] || args="$warm $args"
     [ -z "$name" ] && continue
-    args=${args//@LEFT@/$(left 90)}  # seconds left in the call when the run starts, less a margin
+    args=${args//@LEFT@/$(left "${EVAL_MARGIN:-90}")}  # seconds left when the run starts, less its final evaluation's
     [ "$(left)" -gt 0 ] || { echo "no time left to start $name"; continue; }
     local resume=""
     [ -f "out/synth/$name/results.json" ] && resume=--resume
@@ -163,11 +167,12 @@ LIST
       pack_synth state-tracking st- ;;
     copying)
       # The warm-up's evaluation is cut short: only its training step fills a cache.
-      WARM_SET="--set eval_lengths=2-8 --set eval_examples=16" synth_all <<LIST
-copying-nope warm copying --position nope --set seeds=${COPY_SEEDS:-0}
-copying-rope copying --position rope --set seeds=${COPY_SEEDS:-0}
-copying-srope copying --position selective_rope --set seeds=${COPY_SEEDS:-0}
-copying-srope-gate-bias copying --position selective_rope --set position.gate=per-channel --set position.bias=true --set seeds=${COPY_SEEDS:-0}
+      local C="--set seeds=${COPY_SEEDS:-0} --set eval_batch_size=1000 --set max_seconds=@LEFT@"
+      EVAL_MARGIN=${EVAL_MARGIN:-150} WARM_SET="--set eval_lengths=2-8 --set eval_examples=16" synth_all <<LIST
+copying-nope warm copying --position nope $C
+copying-rope copying --position rope $C
+copying-srope copying --position selective_rope $C
+copying-srope-gate-bias copying --position selective_rope --set position.gate=per-channel --set position.bias=true $C
 LIST
       pack_synth copying copying- ;;
     *) echo "unknown stage $1"; exit 2 ;;
