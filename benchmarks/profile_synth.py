@@ -30,13 +30,19 @@ CONFIGS = {  # name: (task, preset, overrides), as experiments/gpu.sh runs them
     "copying-srope": ("copying", "authors", {"position_type": "selective_rope"}),
     "st-attention-s2-srope": ("state_tracking", "paper", {"mixer": "attention", "model.num_hidden_layers": 1, "position_type": "selective_rope"}),
     "st-deltanet-a3-srope": ("state_tracking", "paper_a3", {"position_type": "selective_rope"}),
+    "st-gla-s2-authors-srope": ("state_tracking", "authors", {"position_type": "selective_rope"}),
+    "mqar-512x64-d64-srope": ("mqar", "zoology", {"configs": "512x64", "d_models": "64", "position_type": "selective_rope"}),
+    "mqar-512x64-d512-srope": ("mqar", "zoology", {"configs": "512x64", "d_models": "512", "position_type": "selective_rope"}),
 }
+SMALL_TRAIN_SET = {"state_tracking": "train_size", "mqar": "train_examples"}  # one batch is drawn: no need for the whole set
 
 
 def step_profile(task: str, preset: str, overrides: dict, device: torch.device, steps: int, batch: int | None) -> dict:
     if batch:
-        overrides = {**overrides, "batch_size": batch, "train_size": max(batch, 4096)} if task == "state_tracking" else {**overrides, "batch_size": batch}
-    cfg = resolve_preset(task, preset, {**overrides, "train_size": 8192} if task == "state_tracking" else overrides)
+        overrides = {**overrides, "batch_size": batch}
+    if task in SMALL_TRAIN_SET:
+        overrides = {**overrides, SMALL_TRAIN_SET[task]: 8192}
+    cfg = resolve_preset(task, preset, overrides)
     module = get_task(task)
     setting = module.settings(cfg)[0]
     prepared = module.prepare(cfg, setting, None)
