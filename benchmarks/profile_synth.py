@@ -4,7 +4,9 @@ would make the paper's protocols cheaper.
 For each configuration, the model ``srope synth`` builds for it, one batch of the task's real
 shape drawn by the task itself, and the runner's step (bf16 autocast on CUDA, cross-entropy
 over the vocabulary, AdamW): the batch's host time, the step's wall time (median of
-``--steps``, synchronised), its GPU kernel time and the top kernels.
+``--steps``, synchronised), its GPU kernel time and the top kernels. ``--pieces`` runs each
+configuration with the host's norms and SwiGLU from fla (``auto``, the default path) and from
+PyTorch (``torch``), side by side in one process.
 
     python benchmarks/profile_synth.py --out $OUT/profile_synth.json
 """
@@ -22,6 +24,8 @@ from benchmarks.bench_op import kernel_time
 from benchmarks.common import environment, write_json
 from srope import provenance
 from srope.cli import srope_model_factory
+from srope.layers.common import RMSNorm
+from srope.models.modeling import SwiGLU
 from srope.tasks.common import IGNORE, rng_for
 from srope.tasks.runner import _autocast, as_logits, get_task, model_request, resolve_preset
 
@@ -37,7 +41,7 @@ CONFIGS = {  # name: (task, preset, overrides), as experiments/gpu.sh runs them
 SMALL_TRAIN_SET = {"state_tracking": "train_size", "mqar": "train_examples"}  # one batch is drawn: no need for the whole set
 
 
-def step_profile(task: str, preset: str, overrides: dict, device: torch.device, steps: int, batch: int | None) -> dict:
+def step_profile(task: str, preset: str, overrides: dict, device: torch.device, steps: int, batch: int | None, pieces: str) -> dict:
     if batch:
         overrides = {**overrides, "batch_size": batch}
     if task in SMALL_TRAIN_SET:
@@ -52,6 +56,9 @@ def step_profile(task: str, preset: str, overrides: dict, device: torch.device, 
     host_ms = (time.perf_counter() - start) * 1e3
     torch.manual_seed(0)
     model = srope_model_factory(model_request(task, cfg, setting)).to(device)
+    for part in model.modules():
+        if isinstance(part, (RMSNorm, SwiGLU)):
+            part.backend = pieces
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x, y = torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
     vocab = setting.vocab_size
@@ -92,14 +99,18 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", choices=sorted(CONFIGS), help="configurations (default: all)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=None, help="a smaller batch than the protocol's (for a CPU smoke run)")
+    parser.add_argument("--pieces", nargs="+", choices=["auto", "torch"], default=["auto", "torch"],
+                        help="where the host's norms and SwiGLU come from: auto (fla on CUDA) and/or torch")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device(args.device)
     results = {}
     for name in args.only or CONFIGS:
-        results[name] = step_profile(*CONFIGS[name], device, args.steps, args.batch)
-        print(name, {k: v for k, v in results[name].items() if k != "kernels"}, flush=True)
+        for pieces in args.pieces:
+            key = f"{name}/{pieces}"
+            results[key] = step_profile(*CONFIGS[name], device, args.steps, args.batch, pieces)
+            print(key, {k: v for k, v in results[key].items() if k != "kernels"}, flush=True)
     write_json(args.out, {"provenance": provenance.record(), "environment": environment(), "configs": results})
 
 

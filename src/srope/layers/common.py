@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from srope.modules import HostInput, PositionEncoding, ShortConvolution, build_position_encoding
+from srope.ops.fused import rms_norm, rms_norm_gated
 from srope.ops.layout import RowLayout
 
 
@@ -64,16 +65,26 @@ class QKVConvolutions(nn.Module):
         return outputs, tuple(new_states)
 
 
+class RMSNorm(nn.RMSNorm):
+    """``nn.RMSNorm`` (same parameters and state dict) run by :func:`srope.ops.fused.rms_norm`:
+    one fla kernel on CUDA. ``norm(x, residual=h)`` returns ``(norm(h + x), h + x)`` with the
+    add fused in. ``backend``: ``"auto"``, ``"torch"`` or ``"fla"``."""
+
+    backend: str = "auto"
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return rms_norm(x, self.weight, self.eps, residual=residual, backend=self.backend)
+
+
 class GatedRMSNorm(nn.Module):
     """``rmsnorm(o) · weight · swish(g)`` over the last dimension (fla's FusedRMSNormGated)."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
-        self.norm = nn.RMSNorm(dim, eps=eps)
+        self.norm = RMSNorm(dim, eps=eps)
 
     def forward(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        out = self.norm(o)
-        return out if gate is None else out * nn.functional.silu(gate)
+        return rms_norm_gated(o, gate, self.norm.weight, self.norm.eps, backend=self.norm.backend)
 
 
 class MixerLayer(nn.Module):

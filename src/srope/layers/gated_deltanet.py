@@ -101,6 +101,6 @@ class GatedDeltaNet(MixerLayer):
             initial_state=None if state is None else state.recurrent, output_final_state=use_cache, cu_seqlens=cu_seqlens,
         )
         gate = None if self.g_proj is None else self.g_proj(inputs.linear).unflatten(-1, (self.num_heads, self.head_v_dim))
-        out = self.o_proj(self.g_norm(o.to(x.dtype), gate).flatten(-2))
+        out = self.o_proj(self.g_norm(o, gate).flatten(-2))
         new_state = LayerState(conv=conv_state, position=position_state, recurrent=recurrent) if use_cache else None
         return out, new_state

@@ -15,11 +15,13 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLinearAttention, LayerState
+from srope.layers.common import RMSNorm
 from srope.models.configuration import SRopeConfig
 from srope.models.graphed_decode import DecodeGraphs
 from srope.modules import PositionEncoding, ShortConvolution
 from srope.ops.loss import summed_cross_entropy
 from srope.ops.checks import check_cu_seqlens
+from srope.ops.fused import swiglu
 
 
 def build_mixer(config: SRopeConfig) -> nn.Module:
@@ -46,6 +48,8 @@ def build_mixer(config: SRopeConfig) -> nn.Module:
 
 
 class SwiGLU(nn.Module):
+    backend: str = "auto"  # of srope.ops.fused.swiglu
+
     def __init__(self, hidden_size: int, inner_size: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, inner_size, bias=False)
@@ -53,21 +57,21 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(inner_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), backend=self.backend))
 
 
 class SRopeBlock(nn.Module):
     def __init__(self, config: SRopeConfig):
         super().__init__()
-        self.mixer_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mixer_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mixer = build_mixer(config)
-        self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.mlp_size())
 
     def forward(self, h, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False):
         out, state = self.mixer(self.mixer_norm(h), attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
-        h = h + out
-        return h + self.mlp(self.mlp_norm(h)), state
+        x, h = self.mlp_norm(out, residual=h)  # h + out, and its norm, in one kernel on CUDA
+        return h + self.mlp(x), state
 
 
 class SRopeCache:
@@ -147,7 +151,7 @@ class SRopeModel(SRopePreTrainedModel):
         super().__init__(config)
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.layers = nn.ModuleList(SRopeBlock(config) for _ in range(config.num_hidden_layers))
-        self.norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mark_self_initialised()
         self.post_init()
 

@@ -108,13 +108,17 @@ def _import_fla() -> tuple[SimpleNamespace | None, str | None]:
         from fla.ops.forgetting_attn import parallel_forgetting_attn
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
         from fla.ops.gla import chunk_gla, fused_recurrent_gla
+        from fla.modules.activations import swiglu
         from fla.modules.causal_conv1d import causal_conv1d
+        from fla.modules.norm.fused_norm_gate import rms_norm_gated
+        from fla.modules.norm.layernorm import rms_norm
     except Exception as error:  # ImportError, or fla failing to initialise on this machine
         return None, f"{type(error).__name__}: {error}"
     return SimpleNamespace(**{f.__name__: f for f in (
         chunk_gla, fused_recurrent_gla, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule,
         chunk_delta_rule, fused_recurrent_delta_rule, parallel_forgetting_attn, parallel_attn, causal_conv1d,
-    )}), None  # fmt: skip
+        rms_norm, rms_norm_gated,
+    )}, swiglu=swiglu), None  # fmt: skip
 
 
 @torch.compiler.assume_constant_result  # the import runs on the host, also when a compiled call comes first

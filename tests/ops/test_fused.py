@@ -1,0 +1,189 @@
+"""The host's fused pieces (srope.ops.fused): the PyTorch path against the unfused PyTorch
+expression in float64, the errors, and on CUDA fla's kernels against float64 forward and
+backward, in the dtypes a training step gives them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from srope.layers.common import GatedRMSNorm, RMSNorm
+from srope.ops.fused import rms_norm, rms_norm_gated, swiglu
+from srope.ops.mixers import _common
+from tests.helpers import generator, rel_err
+
+
+def _inputs(shape, seed, n):
+    gen = generator(seed)
+    return [torch.randn(*shape, generator=gen, dtype=torch.float64) for _ in range(n)]
+
+
+def test_torch_path_is_the_unfused_expression():
+    x, h, g = _inputs((3, 7, 5), 0, 3)
+    w = torch.rand(5, generator=generator(1), dtype=torch.float64) + 0.5
+    assert torch.equal(rms_norm(x, w, 1e-5, backend="torch"), F.rms_norm(x, (5,), w, 1e-5))
+    out, total = rms_norm(x, w, 1e-5, residual=h, backend="torch")
+    assert torch.equal(total, h + x) and torch.equal(out, F.rms_norm(h + x, (5,), w, 1e-5))
+    assert torch.equal(rms_norm_gated(x, g, w, 1e-5, backend="torch"), F.rms_norm(x, (5,), w, 1e-5) * F.silu(g))
+    assert torch.equal(swiglu(g, x, backend="torch"), F.silu(g) * x)
+
+
+def test_rmsnorm_module_keeps_nn_rmsnorm_state_and_values():
+    torch.manual_seed(0)
+    ours, theirs = RMSNorm(6, eps=1e-6), nn.RMSNorm(6, eps=1e-6)
+    nn.init.normal_(theirs.weight)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(2, 3, 6)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)
+    assert list(GatedRMSNorm(6).state_dict()) == ["norm.weight"]
+
+
+def test_gated_norm_computes_in_the_weight_dtype():
+    """A bf16 mixer output under a float32 norm weight is normalised in float32, as before."""
+    x = torch.randn(2, 4, 8).bfloat16()
+    w = torch.ones(8)
+    out = rms_norm_gated(x, None, w, 1e-5, backend="torch")
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, F.rms_norm(x.float(), (8,), w, 1e-5))
+
+
+def test_bad_input_is_refused():
+    x = torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match="weight must be \\[4\\]"):
+        rms_norm(x, torch.ones(5))
+    with pytest.raises(ValueError, match="residual must have the shape"):
+        rms_norm(x, torch.ones(4), residual=torch.randn(2, 3, 5))
+    with pytest.raises(ValueError, match="gate must have the shape"):
+        rms_norm_gated(x, torch.randn(2, 3), torch.ones(4))
+    with pytest.raises(ValueError, match="one shape"):
+        swiglu(x, torch.randn(2, 3, 5))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        rms_norm(x, torch.ones(4), backend="triton")
+    with pytest.raises(ValueError, match="needs CUDA"):
+        rms_norm(x, torch.ones(4), backend="fla")
+
+
+# ---------------------------------------------------------------------------------------
+# CUDA: fla's kernels against float64
+# ---------------------------------------------------------------------------------------
+
+def _fla_or_skip():
+    if _common.fla_ops() is None:
+        pytest.skip("flash-linear-attention is not importable")
+
+
+def _check(fn, tensors64, dtypes, tol, autocast=False):
+    """``fn`` on CUDA in ``dtypes`` (and autocast) against ``fn`` in float64 on the CPU through
+    the PyTorch path: every output and every input gradient."""
+    results = {}
+    for device in ("cpu", "cuda"):
+        inputs = [t.to(device, torch.float64 if device == "cpu" else d).requires_grad_() for t, d in zip(tensors64, dtypes)]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast and device == "cuda"):
+            out = fn(*inputs, backend="torch" if device == "cpu" else "fla")
+        outs = out if isinstance(out, tuple) else (out,)
+        gen = generator(99)
+        grads_out = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(device, o.dtype) for o in outs]
+        grads = torch.autograd.grad(outs, inputs, grads_out)
+        results[device] = [t.detach().cpu() for t in (*outs, *grads)]
+    errors = [rel_err(a, b) for a, b in zip(results["cuda"], results["cpu"])]
+    assert all(e < tol for e in errors), errors
+    return results["cuda"]
+
+
+def _check_norm(fn, shape, dtype, with_other: bool, seed: int):
+    """``fn(x, weight, other, backend)`` with ``other`` (residual or gate) in ``dtype`` or None."""
+    _fla_or_skip()
+    x, other = _inputs(shape, seed, 2)
+    w = torch.rand(shape[-1], generator=generator(seed + 1), dtype=torch.float64) + 0.5
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    if with_other:
+        _check(fn, (x, w, other), (dtype, torch.float32, dtype), tol)
+    else:
+        _check(lambda x, w, backend: fn(x, w, None, backend), (x, w), (dtype, torch.float32), tol)
+
+
+@pytest.mark.parametrize("shape", [(4, 419, 512), (3, 1, 1024), (1, 1000, 96)], ids=["copying", "decode", "odd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fla_rms_norm_matches_float64(shape, dtype, with_residual):
+    _check_norm(lambda x, w, h, backend: rms_norm(x, w, 1e-5, residual=h, backend=backend), shape, dtype, with_residual, seed=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fla_residual_under_autocast_keeps_a_float32_sum():
+    """The training step's case: a float32 residual stream plus a bf16 block output."""
+    _fla_or_skip()
+    x, h = _inputs((4, 419, 512), 5, 2)
+    w = torch.rand(512, generator=generator(6), dtype=torch.float64) + 0.5
+    fn = lambda x, w, h, backend: rms_norm(x, w, 1e-5, residual=h, backend=backend)  # noqa: E731
+    out, total, *_ = _check(fn, (x, w, h), (torch.bfloat16, torch.float32, torch.float32), 1e-2, autocast=True)
+    assert total.dtype == torch.float32 and out.dtype == torch.bfloat16
+    assert rel_err(total, h + x.bfloat16().double()) < 1e-7  # the sum itself is formed in float32
+
+
+@pytest.mark.parametrize("shape", [(4, 419, 16, 32), (2, 77, 4, 256), (5, 1, 4, 128)], ids=["copying", "gla-370m", "decode"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("gated", [True, False], ids=["gate", "no-gate"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fla_gated_norm_matches_float64(shape, dtype, gated):
+    _check_norm(lambda x, w, g, backend: rms_norm_gated(x, g, w, 1e-5, backend=backend), shape, dtype, gated, seed=7)
+
+
+@pytest.mark.parametrize("shape", [(4, 419, 1376), (1, 1, 1408), (3, 333, 77)], ids=["copying", "decode", "odd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fla_swiglu_matches_float64(shape, dtype):
+    _fla_or_skip()
+    g, u = _inputs(shape, 9, 2)
+    _check(lambda g, u, backend: swiglu(g, u, backend=backend), (g, u), (dtype, dtype), 1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("mixer", ["gla", "gated_deltanet"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_model_step_with_fla_pieces_matches_the_torch_pieces(mixer):
+    """A bf16-autocast training step of a whole model: fla's norms and SwiGLU give the loss
+    and the gradients the PyTorch pieces give, to bf16 rounding."""
+    _fla_or_skip()
+    from srope.models import SRopeConfig, SRopeForCausalLM
+    from srope.models.modeling import SwiGLU
+
+    torch.manual_seed(0)
+    config = SRopeConfig(mixer=mixer, hidden_size=256, num_hidden_layers=2, num_heads=4, vocab_size=300, position="selective_rope")
+    model = SRopeForCausalLM(config).cuda()
+    ids = torch.randint(0, 300, (3, 333), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    results = {}
+    for backend in ("fla", "torch"):
+        for module in model.modules():
+            if isinstance(module, (RMSNorm, SwiGLU)):
+                module.backend = backend
+        model.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results[backend] = [loss.detach()] + [p.grad.detach().clone() for p in model.parameters()]
+    errors = [rel_err(a, b) for a, b in zip(results["fla"], results["torch"])]
+    assert errors[0] < 1e-3 and max(errors) < 3e-2, max(errors)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_auto_keeps_long_inference_calls_on_torch():
+    """Without gradients, calls of more than NORM_INFERENCE_MAX_ROWS rows take the PyTorch norm
+    (bit-equal to it) and decode-sized calls take fla's."""
+    _fla_or_skip()
+    from srope.ops.fused import NORM_INFERENCE_MAX_ROWS
+
+    w = torch.rand(64, device="cuda") + 0.5
+    with torch.no_grad():
+        long = torch.randn(NORM_INFERENCE_MAX_ROWS + 1, 64, device="cuda")
+        assert torch.equal(rms_norm(long, w, 1e-5), rms_norm(long, w, 1e-5, backend="torch"))
+        short = torch.randn(8, 64, device="cuda")
+        assert torch.equal(rms_norm(short, w, 1e-5), rms_norm(short, w, 1e-5, backend="fla"))
