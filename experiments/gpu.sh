@@ -44,7 +44,7 @@ left() { echo $((END - $(date +%s) - ${1:-40})); }  # seconds left in the call, 
 at_most() { local l; l=$(left); [ "$1" -lt "$l" ] && l=$1; echo "$l"; }  # $1 seconds or what is left
 if [ "$*" = collect ]; then
   # beside detached stages: their wheels and Triton cache stay as they are (carry none of them)
-  R=${OUT:-out/gpu} TRITON_CACHE_DIR=$PWD/.tcache/cache
+  R=${OUT:-$PWD/out/gpu} TRITON_CACHE_DIR=$PWD/.tcache/cache
   export TRITON_CACHE_DIR
 else
   source benchmarks/device-env.sh
@@ -186,4 +186,4 @@ for name in ${BACKGROUND:-}; do
 done
 for name in "$@"; do stage "$name"; done
 [ ${#background[@]} -gt 0 ] && wait "${background[@]}" && cat out/stage-*.log
-[ -n "${OUT:-}" ] && bash .tcache/pack.sh
+[ -n "${OUT:-}" ] && [ -f .tcache/pack.sh ] && bash .tcache/pack.sh

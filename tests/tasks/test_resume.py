@@ -25,7 +25,7 @@ from tests.tasks.test_runner import SMOKE
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = {"model.hidden_size": 16, "model.num_heads": 2, "model.num_hidden_layers": 1, "mixer": "gla", "position_type": "selective_rope"}
-TIMING = ("seconds",)
+TIMING = ("seconds", "eval_seconds")
 
 
 def _parse(argv):

@@ -45,6 +45,7 @@ def test_smoke_run_writes_json_and_plot(task, tmp_path):
     assert set(saved["summary"]) == {s["name"] for s in saved["settings"]}
     for run in saved["runs"]:
         assert 0.0 <= run["score"] <= 1.0 and run["steps"] > 0 and run["history"] and run["seconds"] > 0
+        assert 0.0 < run["eval_seconds"] < run["seconds"]
     assert (tmp_path / "results.png").stat().st_size > 1000
     assert results["summary"] == saved["summary"]
     text = report([tmp_path])

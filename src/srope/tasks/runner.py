@@ -185,13 +185,14 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
     history, best, last = [], None, None
     since_best, step, stopped, diverged = 0, 0, None, False
     identity = {"task": task, "setting": setting.name, "lr": lr, "weight_decay": weight_decay, "seed": seed}
-    first_epoch, seconds_before, resumed = 0, 0.0, None
+    first_epoch, seconds_before, resumed, eval_seconds = 0, 0.0, None, 0.0
     run_dir = None if run_dir is None else Path(run_dir)
     if run_dir is not None and (latest := latest_checkpoint(run_dir)) is not None:
         resumed = load_checkpoint(latest, model, optimizer, World(), strict_optimizer=False)
         if resumed.get("run") != identity:
             raise CheckpointError(f"{latest}: a checkpoint of the run {resumed.get('run')}, not of {identity}; remove it or choose another --out")
         step, first_epoch, seconds_before = resumed["step"], resumed["epoch"], resumed["seconds"]
+        eval_seconds = resumed.get("eval_seconds", 0.0)
         history, best, last, since_best = resumed["history"], resumed["best"], resumed["last"], resumed["since_best"]
         # an epoch's order is drawn when it begins; sampled batches are drawn one by one
         shuffle_rng.bit_generator.state = resumed["rng_epoch"] if getattr(stream, "replays_epoch_start", True) else resumed["rng_now"]
@@ -200,7 +201,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         state = {
             "run": identity, "epoch": epoch, "position": position, "rng_epoch": rng_epoch, "rng_now": shuffle_rng.bit_generator.state,
             "loss_sum": loss_sum, "loss_count": loss_count, "history": history, "best": best, "last": last, "since_best": since_best,
-            "seconds": seconds_before + time.perf_counter() - start,
+            "seconds": seconds_before + time.perf_counter() - start, "eval_seconds": eval_seconds,
         }  # fmt: skip
         save_checkpoint(run_dir, step, model, optimizer, state, World())
 
@@ -256,7 +257,13 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         if mean_loss is not None and not math.isfinite(mean_loss):
             diverged, stopped, mean_loss = True, "diverged", None
         model.eval()
+        if progress:
+            bar.write(f"evaluating after step {step} ({setting.name} lr={lr:g} wd={weight_decay:g} seed={seed})", file=sys.stderr)
+        began = time.perf_counter()
         last = prepared.evaluate(predict)
+        eval_seconds += time.perf_counter() - began
+        if progress:
+            bar.write(f"evaluated after step {step} in {time.perf_counter() - began:.0f} s: score {last['score']:.4f}", file=sys.stderr)
         history.append({"epoch": epoch + 1, "step": step, "train_loss": mean_loss, "score": last["score"]})
         if best is None or last["score"] > best["score"]:
             best, since_best = last, 0
@@ -285,7 +292,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         "score": chosen["score"], "metrics": chosen, "final": _scalars(last), "best": _scalars(best),
         "steps": step, "planned_steps": total, "epochs": len(history), "stopped": stopped, "diverged": diverged,
         "parameters": sum(p.numel() for p in model.parameters()), "weights_sha256": weights_digest(model),
-        "seconds": round(seconds_before + time.perf_counter() - start, 3), "history": history,
+        "seconds": round(seconds_before + time.perf_counter() - start, 3), "eval_seconds": round(eval_seconds, 3), "history": history,
     }
     if run_dir is not None and cfg.save_weights:
         from safetensors.torch import save_model
