@@ -116,7 +116,7 @@ synth_all() {
     echo "== $(date +%T) synth $name $resume"
     # shellcheck disable=SC2086
     (timeout -s INT -k 20 "${SYNTH_LIMIT:-$(left)}" python3 -m srope synth $args --label "$name" --out "out/synth/$name" $resume \
-      > "out/synth/$name.log" 2>&1; echo "== $(date +%T) $name exit $?" >> "out/synth/$name.log") &
+      > "out/synth/$name.log" 2>&1; rc=$?; echo "== $(date +%T) $name exit $rc" >> "out/synth/$name.log") &
     pids+=($!)
   done <<< "$lines"
   wait "${pids[@]}"
