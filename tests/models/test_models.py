@@ -109,6 +109,24 @@ def test_left_padded_batch_generates_like_rows_alone(mixer, position):
             assert (step_together[i] - step_alone[0]).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_batch_described_once_per_forward(mixer, monkeypatch):
+    """The model builds the padded batch's RowLayout once for all its layers and encodings
+    (each one a host sync), and a layer refuses a layout of another batch."""
+    model = tiny_model(mixer, "selective_rope")
+    built = []
+    init = RowLayout.__init__
+    monkeypatch.setattr(RowLayout, "__init__", lambda self, *a, **kw: built.append(a) or init(self, *a, **kw))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :4] = 0
+    with torch.no_grad():
+        model(tokens(2, 9, seed=3), attention_mask=mask, use_cache=False)
+    assert len(built) == 1, built
+    layer = model.model.layers[0].mixer
+    with pytest.raises(ValueError, match="RowLayout of this batch"):
+        layer(torch.randn(2, 9, 32), layout=RowLayout(2, 8))
+
+
 @pytest.mark.parametrize("mixer,position", PAIRS, ids=IDS)
 def test_packed_batch_equals_documents_one_by_one(mixer, position):
     model = tiny_model(mixer, position)

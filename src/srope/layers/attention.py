@@ -56,7 +56,7 @@ class Attention(MixerLayer):
         self.g_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False) if use_output_gate else None
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
 
-    def forward(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False):
+    def forward(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None):
         self.check_input(x, attention_mask, cu_seqlens, state)
         if use_cache and cu_seqlens is not None:
             raise ValueError("a KV cache of packed sequences (cu_seqlens) is not supported; pad the batch and pass attention_mask")
@@ -67,7 +67,9 @@ class Attention(MixerLayer):
         v = self.v_proj(inputs.linear).unflatten(-1, (self.num_kv_heads, self.head_dim))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, position_state = self.rotate(q, k, inputs, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
+        q, k, position_state = self.rotate(
+            q, k, inputs, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout
+        )
         log_forget = None
         if self.f_proj is not None:
             log_forget = F.logsigmoid(self.f_proj(inputs.linear).to(compute_dtype(x.dtype)))

@@ -91,8 +91,9 @@ class MixerLayer(nn.Module):
     """Base of the host layers: owns the position encoding and the layout of the batch.
 
     Subclasses implement ``forward(x, *, attention_mask=None, cu_seqlens=None, state=None,
-    use_cache=False) -> (out, state)`` with ``x [B, T, hidden]`` the normalised block input
-    and ``attention_mask [B, T]`` marking the real tokens of this call.
+    use_cache=False, layout=None) -> (out, state)`` with ``x [B, T, hidden]`` the normalised
+    block input, ``attention_mask [B, T]`` marking the real tokens of this call and ``layout``
+    the batch's :class:`RowLayout` when the caller built it once for several layers.
     """
 
     def __init__(self, hidden_size: int, position: Any, *, key_heads: int, head_dim: int):
@@ -121,13 +122,25 @@ class MixerLayer(nn.Module):
         q, k, v = (t.unflatten(-1, (h, d)) for t, h, d in zip((q, k, v), heads, dims))
         return q, k, v, conv_state
 
-    def rotate(self, q, k, inputs: HostInput, *, attention_mask, cu_seqlens, state, use_cache):
+    @staticmethod
+    def row_layout(x: torch.Tensor, attention_mask, cu_seqlens, layout: RowLayout | None) -> RowLayout:
+        """The batch's :class:`RowLayout`: the one the model built once for all its layers
+        (from the same ``attention_mask`` / ``cu_seqlens``), else built here."""
+        batch, length = x.shape[:2]
+        if layout is None:
+            return RowLayout(batch, length, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
+        if not isinstance(layout, RowLayout) or (layout.batch, layout.length) != (batch, length):
+            got = (layout.batch, layout.length) if isinstance(layout, RowLayout) else type(layout).__name__
+            raise ValueError(f"layout must be a RowLayout of this batch [B, T] = [{batch}, {length}], got {got}")
+        return layout
+
+    def rotate(self, q, k, inputs: HostInput, *, attention_mask, cu_seqlens, state, use_cache, layout=None):
         """The call into the position encoding: rotate q and k, angles from the block input
         that ``inputs = self.position.prepare(x)`` was made from (the host's linear maps read
         ``inputs.linear``)."""
         return self.position(
             q, k, inputs.source, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
-            state=None if state is None else state.position, use_cache=use_cache, prepared=inputs,
+            state=None if state is None else state.position, use_cache=use_cache, prepared=inputs, layout=layout,
         )
 
     @staticmethod

@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions
-from srope.ops.layout import RowLayout
 from srope.ops.reference import compute_dtype
 from srope.ops.mixers import gated_delta_rule
 
@@ -77,15 +76,14 @@ class GatedDeltaNet(MixerLayer):
         dt = torch.exp(torch.rand_like(self.dt_bias) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
 
-    def forward(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False):
+    def forward(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None):
         self.check_input(x, attention_mask, cu_seqlens, state)
-        batch, length, _ = x.shape
-        layout = RowLayout(batch, length, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
+        layout = self.row_layout(x, attention_mask, cu_seqlens, layout)
         inputs = self.position.prepare(x)  # the linear maps read inputs.linear
         q, k, v, conv_state = self.project_qkv(
             inputs.linear, layout, state, (self.num_heads,) * 3, (self.head_k_dim, self.head_k_dim, self.head_v_dim), activation=F.silu
         )
-        q, k, position_state = self.rotate(q, k, inputs, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
+        q, k, position_state = self.rotate(q, k, inputs, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout)
         beta = torch.sigmoid(self.b_proj(inputs.linear).to(compute_dtype(x.dtype)))
         if self.allow_neg_eigval:
             beta = 2 * beta

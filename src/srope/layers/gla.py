@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions, expand_heads
-from srope.ops.layout import RowLayout
 from srope.ops.reference import compute_dtype
 from srope.ops.mixers import gla
 
@@ -84,15 +83,14 @@ class GatedLinearAttention(MixerLayer):
             g = torch.cat([g[..., :pairs], g[..., :pairs], g[..., pairs:]], dim=-1)
         return g
 
-    def forward(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False):
+    def forward(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None):
         self.check_input(x, attention_mask, cu_seqlens, state)
-        batch, length, _ = x.shape
-        layout = RowLayout(batch, length, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
+        layout = self.row_layout(x, attention_mask, cu_seqlens, layout)
         inputs = self.position.prepare(x)  # the linear maps read inputs.linear
         q, k, v, conv_state = self.project_qkv(
             inputs.linear, layout, state, (self.num_heads, self.num_kv_heads, self.num_kv_heads), (self.head_k_dim, self.head_k_dim, self.head_v_dim)
         )
-        q, k, position_state = self.rotate(q, k, inputs, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
+        q, k, position_state = self.rotate(q, k, inputs, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout)
         g = self.log_decay(inputs.linear)
         real = self.real_tokens(x, attention_mask)
         if real is not None:  # padded tokens neither write to nor decay the state

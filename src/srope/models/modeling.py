@@ -22,6 +22,7 @@ from srope.modules import PositionEncoding, ShortConvolution
 from srope.ops.loss import summed_cross_entropy
 from srope.ops.checks import check_cu_seqlens
 from srope.ops.fused import swiglu
+from srope.ops.layout import RowLayout
 
 
 def build_mixer(config: SRopeConfig) -> nn.Module:
@@ -68,8 +69,10 @@ class SRopeBlock(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.mlp_size())
 
-    def forward(self, h, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False):
-        out, state = self.mixer(self.mixer_norm(h), attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
+    def forward(self, h, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None):
+        out, state = self.mixer(
+            self.mixer_norm(h), attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout
+        )
         x, h = self.mlp_norm(out, residual=h)  # h + out, and its norm, in one kernel on CUDA
         return h + self.mlp(x), state
 
@@ -192,9 +195,11 @@ class SRopeModel(SRopePreTrainedModel):
             if attention_mask is not None:
                 raise ValueError("pass either attention_mask or cu_seqlens, not both")
         mask = self._current_mask(attention_mask, batch, length, cache)
+        # the batch described once, for every layer and encoding (host syncs on a padded or packed batch)
+        layout = RowLayout(batch, length, attention_mask=mask, cu_seqlens=cu_seqlens, device=h.device)
         for i, layer in enumerate(self.layers):
             state = None if cache is None else cache.layers[i]
-            h, state = layer(h, attention_mask=mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
+            h, state = layer(h, attention_mask=mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout)
             if use_cache:
                 cache.layers[i] = state
         if use_cache:

@@ -95,6 +95,6 @@ class PositionEncoding(nn.Module):
 class NoPE(PositionEncoding):
     """No position encoding: q and k pass through; the state is always None."""
 
-    def forward(self, q, k, x=None, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, prepared=None):
+    def forward(self, q, k, x=None, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, prepared=None, layout=None):
         self.check_inputs(q, k, x, attention_mask, cu_seqlens, prepared)
         return q, k, None

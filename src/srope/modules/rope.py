@@ -51,7 +51,7 @@ class RoPE(PositionEncoding):
             self._inv_freq[key] = rope_inverse_frequencies(self.rotary_dim, self.theta).to(key)
         return self._inv_freq[key]
 
-    def forward(self, q, k, x=None, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, prepared=None):
+    def forward(self, q, k, x=None, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, prepared=None, layout=None):
         count = self.check_inputs(q, k, x, attention_mask, cu_seqlens, prepared)
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"q and k must have head_dim {self.head_dim}, got {q.shape[-1]}")

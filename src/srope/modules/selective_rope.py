@@ -349,7 +349,7 @@ class SelectiveRoPE(PositionEncoding):
         )
         return q, k, SelectiveRoPEState(conv, phase)
 
-    def forward(self, q, k, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, prepared=None):
+    def forward(self, q, k, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, prepared=None, layout=None):
         count = self.check_inputs(q, k, x, attention_mask, cu_seqlens, prepared)
         if x is None:
             raise ValueError("SelectiveRoPE needs the block input x [B, T, hidden] to compute its angles")
@@ -371,7 +371,10 @@ class SelectiveRoPE(PositionEncoding):
             ):
                 q, k, new_state = self.decode_step(q, k, x, state)
                 return q, k, new_state if use_cache else None
-        layout = RowLayout(*q.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
+        if layout is None:
+            layout = RowLayout(*q.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
+        elif not isinstance(layout, RowLayout) or (layout.batch, layout.length) != tuple(q.shape[:2]):
+            raise ValueError(f"layout must be a RowLayout of this batch [B, T] = {list(q.shape[:2])}")
         phi, conv_state = self.phase_increments(x, layout, conv_state, None if prepared is None else prepared.work)
         if attention_mask is not None:
             phi = phi * (attention_mask != 0)[..., None, None]

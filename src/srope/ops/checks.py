@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+
+# The boundaries checked last, (weak reference, tensor version, length, N): a model passes one
+# cu_seqlens tensor to every layer, op and encoding, and checking it costs a host sync each time.
+_checked_cu_seqlens: tuple | None = None
 
 
 def check_tensor(name: str, value, shape: tuple | None = None, *, rank: int | None = None, floating: bool = True) -> None:
@@ -46,10 +52,15 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, length: int) -> int:
         ok = (cu_seqlens[0] == 0) & (cu_seqlens[-1] == length) & (cu_seqlens[1:] >= cu_seqlens[:-1]).all()
         torch._assert_async(ok, f"cu_seqlens must be non-decreasing, start at 0 and end at the sequence length {length}")
         return cu_seqlens.numel() - 1
+    global _checked_cu_seqlens
+    last = _checked_cu_seqlens
+    if last is not None and last[0]() is cu_seqlens and last[1:3] == (cu_seqlens._version, length):
+        return last[3]  # this very tensor, unchanged since (an in-place write bumps _version)
     bounds = cu_seqlens.tolist()
     if bounds[0] != 0 or bounds[-1] != length or any(b > a for a, b in zip(bounds[1:], bounds[:-1])):
         raise ValueError(
             f"cu_seqlens must be non-decreasing, start at 0 and end at the sequence length {length}; "
             f"got {bounds if len(bounds) <= 12 else bounds[:6] + ['...'] + bounds[-3:]}"
         )
+    _checked_cu_seqlens = (weakref.ref(cu_seqlens), cu_seqlens._version, length, len(bounds) - 1)
     return len(bounds) - 1
