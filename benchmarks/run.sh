@@ -8,6 +8,8 @@
 #   checks      the training step as a CUDA graph against eager, resume, host syncs (12 pairs;
 #               Triton autotuning cut to one config: correctness only, run it after timings)
 #   train       srope train (the CLI) and model.generate, beside fla's GLAForCausalLM
+#   fused       the host's fused norms and SwiGLU (srope.ops.fused) against float64 on the GPU,
+#               then the synthetic protocols' training steps with fla's and PyTorch's pieces
 set -u
 source benchmarks/device-env.sh
 run() { local limit=$1; shift; echo "== $(date +%T) $*"; timeout "$limit" "$@" 2>&1 | tail -n 30; echo "exit ${PIPESTATUS[0]}"; }
@@ -15,8 +17,12 @@ run() { local limit=$1; shift; echo "== $(date +%T) $*"; timeout "$limit" "$@" 2
 for stage in "$@"; do
   case $stage in
     checks) run "${CHECKS_LIMIT:-200}" python3 benchmarks/fast_autotune.py benchmarks/check_cuda_train.py --data .data/shakespeare --out "$R/check_train.json" ${CHECKS_ARGS:-} ;;
+    fused)
+      run "${FUSED_TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider tests/ops/test_fused.py
+      run "${FUSED_PROFILE_LIMIT:-240}" python3 -m benchmarks.profile_synth --only copying-nope copying-srope st-deltanet-a3-srope \
+        --out "$R/profile_synth.json" ;;
     train) run "${TRAIN_LIMIT:-420}" python3 benchmarks/bench_train.py --data .data/shakespeare --out "$R/train.json" ${TRAIN_ARGS:-} ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
-bash .tcache/pack.sh
+[ -f .tcache/pack.sh ] && bash .tcache/pack.sh
