@@ -20,7 +20,7 @@ for stage in "$@"; do
     fused)
       # one autotune candidate, in a cache of its own (it must not leave first-config choices behind)
       TRITON_CACHE_DIR=/tmp/triton-fast run "${FUSED_TEST_LIMIT:-240}" python3 benchmarks/fast_autotune.py -m pytest -q -p no:cacheprovider tests/ops/test_fused.py
-      run "${FUSED_PROFILE_LIMIT:-240}" python3 -m benchmarks.profile_synth --only copying-nope copying-srope st-deltanet-a3-srope \
+      run "${FUSED_PROFILE_LIMIT:-240}" python3 -m benchmarks.profile_synth --only copying-nope copying-srope \
         --out "$R/profile_synth.json" ;;
     train) run "${TRAIN_LIMIT:-420}" python3 benchmarks/bench_train.py --data .data/shakespeare --out "$R/train.json" ${TRAIN_ARGS:-} ;;
     *) echo "unknown stage $stage"; exit 2 ;;
