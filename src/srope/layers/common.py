@@ -122,18 +122,6 @@ class MixerLayer(nn.Module):
         q, k, v = (t.unflatten(-1, (h, d)) for t, h, d in zip((q, k, v), heads, dims))
         return q, k, v, conv_state
 
-    @staticmethod
-    def row_layout(x: torch.Tensor, attention_mask, cu_seqlens, layout: RowLayout | None) -> RowLayout:
-        """The batch's :class:`RowLayout`: the one the model built once for all its layers
-        (from the same ``attention_mask`` / ``cu_seqlens``), else built here."""
-        batch, length = x.shape[:2]
-        if layout is None:
-            return RowLayout(batch, length, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
-        if not isinstance(layout, RowLayout) or (layout.batch, layout.length) != (batch, length):
-            got = (layout.batch, layout.length) if isinstance(layout, RowLayout) else type(layout).__name__
-            raise ValueError(f"layout must be a RowLayout of this batch [B, T] = [{batch}, {length}], got {got}")
-        return layout
-
     def rotate(self, q, k, inputs: HostInput, *, attention_mask, cu_seqlens, state, use_cache, layout=None):
         """The call into the position encoding: rotate q and k, angles from the block input
         that ``inputs = self.position.prepare(x)`` was made from (the host's linear maps read

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions, expand_heads
+from srope.ops.layout import RowLayout
 from srope.ops.reference import compute_dtype
 from srope.ops.mixers import gla
 
@@ -85,7 +86,7 @@ class GatedLinearAttention(MixerLayer):
 
     def forward(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None):
         self.check_input(x, attention_mask, cu_seqlens, state)
-        layout = self.row_layout(x, attention_mask, cu_seqlens, layout)
+        layout = RowLayout.of(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device, given=layout)
         inputs = self.position.prepare(x)  # the linear maps read inputs.linear
         q, k, v, conv_state = self.project_qkv(
             inputs.linear, layout, state, (self.num_heads, self.num_kv_heads, self.num_kv_heads), (self.head_k_dim, self.head_k_dim, self.head_v_dim)

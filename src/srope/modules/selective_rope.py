@@ -371,10 +371,7 @@ class SelectiveRoPE(PositionEncoding):
             ):
                 q, k, new_state = self.decode_step(q, k, x, state)
                 return q, k, new_state if use_cache else None
-        if layout is None:
-            layout = RowLayout(*q.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
-        elif not isinstance(layout, RowLayout) or (layout.batch, layout.length) != tuple(q.shape[:2]):
-            raise ValueError(f"layout must be a RowLayout of this batch [B, T] = {list(q.shape[:2])}")
+        layout = RowLayout.of(*q.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device, given=layout)
         phi, conv_state = self.phase_increments(x, layout, conv_state, None if prepared is None else prepared.work)
         if attention_mask is not None:
             phi = phi * (attention_mask != 0)[..., None, None]

@@ -59,6 +59,17 @@ class RowLayout:
         else:
             self.lengths = torch.full((batch,), length, dtype=torch.long, device=device)
 
+    @classmethod
+    def of(cls, batch: int, length: int, *, attention_mask=None, cu_seqlens=None, device=None, given=None) -> "RowLayout":
+        """``given``, a layout the caller built once for this batch (from the same
+        ``attention_mask`` / ``cu_seqlens``), after checking its shape; else a new one."""
+        if given is None:
+            return cls(batch, length, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=device)
+        if not isinstance(given, RowLayout) or (given.batch, given.length) != (batch, length):
+            got = (given.batch, given.length) if isinstance(given, RowLayout) else type(given).__name__
+            raise ValueError(f"layout must be a RowLayout of this batch [B, T] = [{batch}, {length}], got {got}")
+        return given
+
     @property
     def identity(self) -> bool:
         return self.order is None and self.index is None
