@@ -4,6 +4,8 @@ backward, in the dtypes a training step gives them."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -148,18 +150,26 @@ def test_fla_swiglu_matches_float64(shape, dtype):
 @pytest.mark.parametrize("mixer", ["gla", "gated_deltanet"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_model_step_with_fla_pieces_matches_the_torch_pieces(mixer):
-    """A bf16-autocast training step of a whole model: fla's norms and SwiGLU give the loss
-    and the gradients the PyTorch pieces give, to bf16 rounding."""
+def test_model_step_with_fla_pieces_is_as_accurate_as_the_torch_pieces(mixer):
+    """A bf16-autocast training step of a whole model with fla's norms and SwiGLU, and with the
+    PyTorch pieces, each against the same model's float64 step on the CPU: fla's loss and every
+    parameter gradient are no further from float64 than bf16 rounding puts the PyTorch pieces.
+    (The two bf16 steps differ from each other by a few percent on the small gradients of some
+    parameters, so comparing them with each other says nothing.)"""
     _fla_or_skip()
     from srope.models import SRopeConfig, SRopeForCausalLM
     from srope.models.modeling import SwiGLU
 
     torch.manual_seed(0)
     config = SRopeConfig(mixer=mixer, hidden_size=256, num_hidden_layers=2, num_heads=4, vocab_size=300, position="selective_rope")
-    model = SRopeForCausalLM(config).cuda()
-    ids = torch.randint(0, 300, (3, 333), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    results = {}
+    model = SRopeForCausalLM(config)
+    reference = copy.deepcopy(model).double()
+    ids = torch.randint(0, 300, (3, 333), generator=generator(1))
+    reference_loss = reference(input_ids=ids, labels=ids).loss
+    reference_loss.backward()
+    expected = [reference_loss.detach()] + [p.grad for p in reference.parameters()]
+    model, ids = model.cuda(), ids.cuda()
+    errors = {}
     for backend in ("fla", "torch"):
         for module in model.modules():
             if isinstance(module, (RMSNorm, SwiGLU)):
@@ -168,9 +178,11 @@ def test_model_step_with_fla_pieces_matches_the_torch_pieces(mixer):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
-        results[backend] = [loss.detach()] + [p.grad.detach().clone() for p in model.parameters()]
-    errors = [rel_err(a, b) for a, b in zip(results["fla"], results["torch"])]
-    assert errors[0] < 1e-3 and max(errors) < 3e-2, max(errors)
+        errors[backend] = [rel_err(a.cpu(), b) for a, b in zip([loss] + [p.grad for p in model.parameters()], expected)]
+    names = ["loss"] + [name for name, _ in model.named_parameters()]
+    worse = {n: (f, t) for n, f, t in zip(names, errors["fla"], errors["torch"]) if f > 2 * t + 0.02}
+    assert errors["fla"][0] < 1e-2 and errors["torch"][0] < 1e-2, (errors["fla"][0], errors["torch"][0])
+    assert not worse, f"relative error against float64 (fla, torch pieces): {worse}"
 
 
 @pytest.mark.gpu
