@@ -43,6 +43,10 @@ def _claim(ax, exp: paper.Experiment) -> None:
     ax.text(0.02, 0.02, _title("; ".join([text, *claims]), 70), transform=ax.transAxes, fontsize=6, va="bottom", color="dimgray")
 
 
+def _seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
 def _color(row: Row, index: int) -> str | None:
     return COLORS.get(row.paper_row or "") if (row.paper_row in COLORS and "(" not in row.label) else f"C{(index + 3) % 10}"
 
@@ -55,7 +59,7 @@ def _curves(ax, group: list[Row], name: str) -> None:
         x = list(curves[0][0])
         ys = [list(c[1]) for c in curves if list(c[0]) == x]
         mean = [sum(v) / len(v) for v in zip(*ys)]
-        line = ax.plot(x, mean, label=f"{row.label} ({len(ys)} seeds)", color=_color(row, i), linewidth=1.4)[0]
+        line = ax.plot(x, mean, label=f"{row.label} ({_seeds(len(ys))})", color=_color(row, i), linewidth=1.4)[0]
         if len(ys) > 1:
             ax.fill_between(x, [min(v) for v in zip(*ys)], [max(v) for v in zip(*ys)], color=line.get_color(), alpha=0.15)
     if group[0].train_len:
@@ -80,12 +84,16 @@ def plot_page(page: Page, path: Path) -> Path | None:
 
 
 def _copying(rows: list[Row]):
+    """String and character accuracy per group, on a log length axis: what matters happens
+    just past the training lengths, which a linear axis to 512 squeezes into a few pixels."""
     groups = list(_by_group(rows).values())
-    plt, fig, axes = _grid(len(groups))
-    for ax, group in zip(axes, groups):
-        _curves(ax, group, "str_acc_by_length")
-        ax.set(xlabel="string length", ylabel="string accuracy", title=_title(group[0].title))
-        _claim(ax, paper.COPYING)
+    plt, fig, axes = _grid(2 * len(groups))
+    for i, group in enumerate(groups):
+        for ax, (name, label) in zip(axes[2 * i : 2 * i + 2], (("str_acc_by_length", "string"), ("char_acc_by_length", "character"))):
+            _curves(ax, group, name)
+            ax.set_xscale("log", base=2)
+            ax.set(xlabel="string length", ylabel=f"{label} accuracy", title=_title(group[0].title))
+        _claim(axes[2 * i], paper.COPYING)
     return fig
 
 
@@ -99,7 +107,7 @@ def _mqar(rows: list[Row]):
             points = _mqar_points(row).get(PAPER_MQAR, {})
             widths = sorted(points)
             ax.errorbar(widths, [points[w][0] for w in widths], yerr=[points[w][1] or 0.0 for w in widths], marker="o", capsize=3,
-                        label=f"{row.label} ({len(row.runs)} seeds)", color=_color(row, i))
+                        label=f"{row.label} ({_seeds(len(row.runs))})", color=_color(row, i))
         ax.set(xscale="log", xlabel="model dimension", ylabel="accuracy", ylim=(-0.02, 1.02), title=_title(f"seq 512, 64 KV pairs: {group[0].title}"))
         ax.legend(fontsize=6)
         _claim(ax, paper.MQAR)
