@@ -428,7 +428,8 @@ def test_prepare_shares_one_cast(kind, options):
     autocast's cast). Selective RoPE's prepare also runs its projection and returns that
     cast through it: the rotated q and k are bitwise those of the base route (a plain cast),
     and x's gradient through both the host's map and the rotation is the base route's (where
-    autograd adds the two), to float32 rounding."""
+    autograd adds the two), up to one rounding: the shared route's backward keeps x only as
+    that bf16 cast, so the normalisation's -r²(dy·y)·x term reads x rounded, as its products do."""
     module = make_module(kind, options, dtype=torch.float32)
     q, k, x = make_inputs(2, 7, seed=8, dtype=torch.float32)
     x.requires_grad_()
@@ -448,7 +449,7 @@ def test_prepare_shares_one_cast(kind, options):
     assert shared[0].linear.dtype == torch.bfloat16 and torch.equal(shared[0].linear, x.detach().bfloat16())
     assert (shared[0].work is not None) == (kind == "selective_rope")
     assert torch.equal(shared[1], base[1]) and torch.equal(shared[2], base[2])
-    assert rel_err(shared[3], base[3]) < 1e-6
+    assert rel_err(shared[3], base[3]) < 1e-3
 
 
 def test_prepared_must_come_from_this_x():
@@ -463,7 +464,8 @@ def test_prepared_must_come_from_this_x():
 def test_host_layers_under_autocast_match_the_base_route(monkeypatch, host, batch):
     """A host layer under autocast with Selective RoPE: its output and x's gradient with the
     generator's shared cast equal those with a plain cast (the base route), for dense,
-    left-padded and packed batches."""
+    left-padded and packed batches: the output bitwise, the gradient up to the rounding of x
+    in the normalisation's backward term (see test_prepare_shares_one_cast)."""
     from srope.layers import Attention, GatedDeltaNet, GatedLinearAttention
 
     layers = {"gla": (GatedLinearAttention, dict(num_heads=4, use_short_conv=True)),
@@ -489,4 +491,4 @@ def test_host_layers_under_autocast_match_the_base_route(monkeypatch, host, batc
     shared = run()
     monkeypatch.setattr(SelectiveRoPE, "prepare", PositionEncoding.prepare)
     base = run()
-    assert torch.equal(shared[0], base[0]) and rel_err(shared[1], base[1]) < 1e-6
+    assert torch.equal(shared[0], base[0]) and rel_err(shared[1], base[1]) < 2e-4

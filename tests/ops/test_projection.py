@@ -137,3 +137,25 @@ def test_cast_and_its_gradient(cast):
 def test_bad_cast_raises():
     with pytest.raises(TypeError, match="cast"):
         normalized_head_projection(torch.randn(4, 2, 3), torch.randn(2, 3, 5), 1e-6, cast=torch.float64)
+
+
+def test_cast_with_low_precision_backward_keeps_only_the_cast():
+    """Under autocast (cast == grad_dtype) the backward holds x as its bf16 copy, which the
+    host's maps keep anyway, not a second float32 copy; the gradients stay within bf16
+    rounding of float64 and the -r²(dy·y)·x term's rounding barely moves them."""
+    gen = generator(6)
+    x = torch.randn(2, 33, 3, 16, generator=gen, requires_grad=True)
+    weight = torch.randn(3, 16, 8, generator=gen, requires_grad=True)
+    grad_y = torch.randn(2, 33, 3, 8, generator=gen)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y, x_cast = normalized_head_projection(x, weight, 1e-6, torch.bfloat16, torch.bfloat16)
+    assert not [t for t in saved if t.dtype == torch.float32 and t.numel() == x.numel()]
+    assert any(t.dtype == torch.bfloat16 and t.data_ptr() == x_cast.data_ptr() for t in saved)
+    grads = torch.autograd.grad(y, (x, weight), grad_y)
+    kept = torch.autograd.grad(normalized_head_projection(x, weight, 1e-6, torch.bfloat16), (x, weight), grad_y)
+    x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    exact = torch.autograd.grad(normalized_head_projection(x64, w64, 1e-6), (x64, w64), grad_y.double())
+    for ours, float32_x, expected in zip(grads, kept, exact):
+        assert ours.dtype == torch.float32
+        assert rel_err(ours, expected) < 2e-2 and rel_err(ours, float32_x) < 1e-3

@@ -75,7 +75,11 @@ class _NormalizedHeadProjection(torch.autograd.Function):
             inv_norm = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() + eps)  # [N, H]
             y = _head_products(x, weight).mul_(inv_norm[..., None])
             parts = (y,) if split is None else (y[..., :split].contiguous(), y[..., split:].contiguous())
-        ctx.save_for_backward(x, weight, inv_norm, *parts)
+        # With the backward's products in the cast's dtype, the backward reads x only as that
+        # copy (the host's maps keep it anyway): saving the float32 x instead would hold the
+        # block input's full-precision copy, 2x the cast's bytes, for the backward alone.
+        ctx.x_dtype = x.dtype
+        ctx.save_for_backward(x_cast if cast is not None and cast == grad_dtype else x, weight, inv_norm, *parts)
         ctx.grad_dtype, ctx.parts = grad_dtype, len(parts)
         return (*parts, *(() if cast is None else (x_cast,)))
 
@@ -85,9 +89,9 @@ class _NormalizedHeadProjection(torch.autograd.Function):
         x, weight, inv_norm, *parts = ctx.saved_tensors
         dys = [torch.zeros_like(p) if g is None else g for p, g in zip(parts, grads)]
         d_cast = grads[ctx.parts] if len(grads) > ctx.parts else None
-        low = ctx.grad_dtype != x.dtype
+        low = ctx.grad_dtype != ctx.x_dtype
         dx = dw = None
-        if ctx.needs_input_grad[0] and low and FUSED and x.is_cuda and x.dtype == torch.float32:
+        if ctx.needs_input_grad[0] and low and FUSED and x.is_cuda and ctx.x_dtype == torch.float32:
             from srope.ops.triton.projection import projection_backward
 
             dy, y = (dys[0], parts[0]) if ctx.parts == 1 else (tuple(dys), tuple(parts))
@@ -100,11 +104,12 @@ class _NormalizedHeadProjection(torch.autograd.Function):
             # by r, plus x · dr/d|x|² · 2 (dy·z) = -r³ (dy·z) x = -r² (dy·y) x.
             d_norm = -(dy * y).sum(-1) * inv_norm.square()  # [N, H]
             product = _head_products(dz_low, weight.to(dz_low.dtype).mT)
-            dx = torch.addcmul(product, x, d_norm[..., None]) if low else product.addcmul_(x, d_norm[..., None])
+            x_full = x.to(ctx.x_dtype)
+            dx = torch.addcmul(product, x_full, d_norm[..., None]) if low else product.addcmul_(x_full, d_norm[..., None])
             if d_cast is not None:
                 dx += d_cast
         if ctx.needs_input_grad[1]:
-            dw = _weight_grad(x.to(ctx.grad_dtype), dz_low).to(x.dtype)
+            dw = _weight_grad(x.to(ctx.grad_dtype), dz_low).to(ctx.x_dtype)
         return dx, dw, None, None, None, None
 
 
@@ -122,7 +127,9 @@ def normalized_head_projection(
     round it for other linear maps of x. Maps that read this copy send their gradient back
     through this function, which adds it into x's: one gradient for x instead of two that
     autograd adds (and, on CUDA, the copy is written by the forward kernel, which reads x
-    anyway). Returns ``(y, x_cast)`` then.
+    anyway). Returns ``(y, x_cast)`` then. With ``grad_dtype == cast`` the backward keeps
+    only that copy of x (its ``-r²(dy·y)·x`` term then reads x rounded to ``cast``, like the
+    products).
 
     ``split`` (``1 <= S < M``): y as two contiguous tensors, its columns ``[0, S)`` and
     ``[S, M)`` (``((y_first, y_rest), x_cast)`` with ``cast``). On CUDA the kernels write

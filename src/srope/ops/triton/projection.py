@@ -235,13 +235,13 @@ def _backward_op(
     dy, y, inv_norm, weight = _unit_columns(dy), _unit_columns(y), inv_norm.contiguous(), weight.contiguous()
     dy2, y2 = (dy, y) if split is None else (_unit_columns(dy_rest), _unit_columns(y_rest))
     host_grad = None if host_grad is None else host_grad.contiguous()
-    dx = torch.empty(count, heads, chunk, dtype=x.dtype, device=x.device)
+    dx = torch.empty(count, heads, chunk, dtype=torch.float32, device=x.device)
     block_n, block_i, warps, stages, *maxnreg = (16, 16, 4, 1) if interpreting() else BACKWARD_TILE
     block_i = min(block_i, max(16, triton.next_power_of_2(chunk)))
     tokens = slab_tokens(count, block_n, 32 if interpreting() else SLAB)
     slabs = triton.cdiv(count, tokens) if weight_grad else 0
     if count == 0 or width == 0:
-        dx = dx.zero_() if host_grad is None else host_grad.to(x.dtype, copy=True)
+        dx = dx.zero_() if host_grad is None else host_grad.to(torch.float32, copy=True)
         return dx, torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
     partial = torch.empty(slabs, heads, chunk, width, dtype=torch.float32, device=x.device)
     columns = _columns(width, split)
@@ -258,7 +258,7 @@ def _backward_op(
 
 @_backward_op.register_fake
 def _backward_op_fake(dy, dy_rest, y, y_rest, inv_norm, weight, x, host_grad, weight_grad):
-    return x.new_empty(x.shape), x.new_empty(weight.shape)
+    return x.new_empty(x.shape, dtype=torch.float32), x.new_empty(weight.shape, dtype=torch.float32)
 
 
 def _parts(name: str, t) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -284,7 +284,8 @@ def projection_backward(
         y: ``[N, H, M]`` float32 (or its two parts, split as dy), the forward's output.
         inv_norm: ``[N, H]`` float32, the forward's r.
         weight: ``[H, I, M]`` bfloat16 or float16, the weight rounded to the products' dtype.
-        x: ``[N, H, I]`` float32 (the last two dimensions contiguous, any token stride).
+        x: ``[N, H, I]`` float32, or x rounded to the weight's dtype (the last two dimensions
+            contiguous, any token stride).
         weight_grad: also return the weight's gradient, else None for it.
         host_grad: ``[N, H, I]`` (any float dtype) or None: the gradient of the forward's
             16-bit copy of x (:func:`projection_forward`'s ``cast``), added into dx.
@@ -294,11 +295,14 @@ def projection_backward(
     and ``dw = Σ_n x_lowᵀ dz``, accumulated in float32.
     """
     (dy, dy_rest), (y, y_rest) = _parts("dy", dy), _parts("y", y)
-    tensors = [t for t in (dy, dy_rest, y, y_rest, inv_norm, x) if t is not None]
+    tensors = [t for t in (dy, dy_rest, y, y_rest, inv_norm) if t is not None]
     if weight.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"weight must be bfloat16 or float16 (the products' dtype), got {weight.dtype}")
     if any(t.dtype != torch.float32 for t in tensors):
-        raise TypeError(f"dy, y, inv_norm and x must be float32, got {[t.dtype for t in tensors]}")
+        raise TypeError(f"dy, y and inv_norm must be float32, got {[t.dtype for t in tensors]}")
+    if x.dtype not in (torch.float32, weight.dtype):
+        raise TypeError(f"x must be float32 or the weight's dtype {weight.dtype}, got {x.dtype}")
+    tensors.append(x)
     if x.dim() != 3 or weight.dim() != 3 or inv_norm.dim() != 2 or any(t.dim() != 3 for t in (dy, dy_rest, y, y_rest) if t is not None):
         raise ValueError("expected dy and y [N, H, M] (or pairs of [N, H, ·]), inv_norm [N, H], weight [H, I, M], x [N, H, I]")
     count, heads, chunk = x.shape
@@ -504,7 +508,8 @@ def projection_forward(
     on tensor cores (module docstring).
 
     Args:
-        x: ``[N, H, I]`` float32 (the last two dimensions contiguous, any token stride).
+        x: ``[N, H, I]`` float32, or x rounded to the weight's dtype (the last two dimensions
+            contiguous, any token stride).
         weight: ``[H, I, M]`` float32.
         eps: ε of the norm, >= 0.
         cast: bfloat16, float16 or None: also return x rounded to this dtype (to nearest),
