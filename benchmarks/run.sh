@@ -4,19 +4,24 @@
 # Expects fla 0.6.0 wheels in .whl/ (../shared/tools/device-wheels.sh), the Triton cache in
 # .tcache/ (../shared/tools/triton-cache.sh init) and a prepared token store in .data/shakespeare
 # (srope data prepare shakespeare, then copy the store folder it prints); carry all three.
+# Each stage gets SIGINT at its limit (pytest then still writes its report), SIGKILL 20 s later.
 # SROPE_COMMIT names the commit the working tree is (the device copy's .git, if any, can be older).
 #   checks      the training step as a CUDA graph against eager, resume, host syncs (12 pairs;
 #               Triton autotuning cut to one config: correctness only, run it after timings)
+#   gpu-tests   every test marked gpu (pytest -m gpu tests; one autotune candidate, as checks),
+#               JUnit XML into $R/gpu-tests.xml; GPU_TESTS_ARGS narrows it (e.g. a path)
 #   train       srope train (the CLI) and model.generate, beside fla's GLAForCausalLM
 #   fused       the host's fused norms and SwiGLU (srope.ops.fused) against float64 on the GPU,
 #               then the synthetic protocols' training steps with fla's and PyTorch's pieces
 set -u
 source benchmarks/device-env.sh
-run() { local limit=$1; shift; echo "== $(date +%T) $*"; timeout "$limit" "$@" 2>&1 | tail -n 30; echo "exit ${PIPESTATUS[0]}"; }
+run() { local limit=$1; shift; echo "== $(date +%T) $*"; timeout -s INT -k 20 "$limit" "$@" 2>&1 | tail -n 30; echo "exit ${PIPESTATUS[0]}"; }
 
 for stage in "$@"; do
   case $stage in
     checks) run "${CHECKS_LIMIT:-200}" python3 benchmarks/fast_autotune.py benchmarks/check_cuda_train.py --data .data/shakespeare --out "$R/check_train.json" ${CHECKS_ARGS:-} ;;
+    gpu-tests) TRITON_CACHE_DIR=/tmp/triton-fast run "${GPU_TESTS_LIMIT:-420}" python3 benchmarks/fast_autotune.py -m pytest -q -p no:cacheprovider \
+      -m gpu --junitxml="$R/gpu-tests.xml" --durations=15 ${GPU_TESTS_ARGS:-tests} ;;
     fused)
       # one autotune candidate, in a cache of its own (it must not leave first-config choices behind)
       TRITON_CACHE_DIR=/tmp/triton-fast run "${FUSED_TEST_LIMIT:-240}" python3 benchmarks/fast_autotune.py -m pytest -q -p no:cacheprovider tests/ops/test_fused.py

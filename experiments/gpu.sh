@@ -132,11 +132,15 @@ progress() {
 
 running() { local f; for f in out/gpu/detached-*.pid; do [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && return 0; done; return 1; }
 collect() {
+  local last=0
+  # polls every 5 s (the call ends as soon as the stages do: its held time is device time),
+  # printing their progress every PROGRESS_S seconds
   while running && [ "$(left 20)" -gt 0 ]; do
-    echo "== $(date +%T) running; GPU $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null)"; progress
-    local nap; nap=$(at_most "${PROGRESS_S:-120}")
-    [ "$nap" -gt 0 ] || break
-    sleep "$nap"
+    if [ $(($(date +%s) - last)) -ge "${PROGRESS_S:-120}" ]; then
+      echo "== $(date +%T) running; GPU $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null)"; progress
+      last=$(date +%s)
+    fi
+    sleep 5
   done
   running && echo "== still running: results of what finished so far only"
   echo "== $(date +%T)"; tail -n 12 out/gpu/detached-*.log; progress
