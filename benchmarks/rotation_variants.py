@@ -166,8 +166,8 @@ def main():
 
     def ship_bwd(store):
         return K.srope_bwd_kernel[grid](
-            q, k, gq, gk, phi, temp, base, dq, dk, dangle, dtotal, dtotal,
-            *ops._bth(q), *ops._bth(k), *ops._bth(gq), *ops._bth(gk), *ops._bth(dq), *ops._bth(dk), *ops._bth(phi), 0,
+            _qo, _ko, gq, gk, phi, temp, base, dq, dk, dangle, dtotal, dtotal,  # the shipped backward reads the outputs
+            *ops._bth(_qo), *ops._bth(_ko), *ops._bth(gq), *ops._bth(gk), *ops._bth(dq), *ops._bth(dk), *ops._bth(phi), 0,
             T, NT, B, *tbl, STORE_DANGLE=store, STORE_TOTAL=store, TEMP_GRAD=False, **common)
 
     for store in (True, False):
@@ -180,8 +180,8 @@ def main():
             T, NT, B, *tbl, **common, **extra)
         record(f"ship_fwd maxnreg={nreg}", fn, floor_bytes["fwd"], fn())
         fnb = lambda extra=extra: K.srope_bwd_kernel[grid](  # noqa: E731
-            q, k, gq, gk, phi, temp, base, dq, dk, dangle, dtotal, dtotal,
-            *ops._bth(q), *ops._bth(k), *ops._bth(gq), *ops._bth(gk), *ops._bth(dq), *ops._bth(dk), *ops._bth(phi), 0,
+            _qo, _ko, gq, gk, phi, temp, base, dq, dk, dangle, dtotal, dtotal,  # the shipped backward reads the outputs
+            *ops._bth(_qo), *ops._bth(_ko), *ops._bth(gq), *ops._bth(gk), *ops._bth(dq), *ops._bth(dk), *ops._bth(phi), 0,
             T, NT, B, *tbl, STORE_DANGLE=True, STORE_TOTAL=True, TEMP_GRAD=False, **common, **extra)
         record(f"ship_bwd maxnreg={nreg}", fnb, floor_bytes["bwd"] + dangle.numel() * 4 - phi.numel() * 2, fnb())
 

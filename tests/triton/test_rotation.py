@@ -297,3 +297,28 @@ def test_rope_public_op(device):
     out = rope(q, q, positions, inv_freq, backend="triton")
     ref = rope(q, q, positions, inv_freq, backend="torch")
     assert rel_err(out[0], ref[0]) < 1e-5 and rel_err(out[1], ref[1]) < 1e-5
+
+
+@pytest.mark.parametrize("op", ["selective_rope", "rope"])
+def test_backward_keeps_the_rotated_outputs_not_the_inputs(op, device):
+    """The backward reads the rotated q and k (which the host's own op keeps for its
+    backward), so q and k themselves are not held until then; a rotated output changed in
+    place before the backward is refused by autograd, never read silently."""
+    inputs, _ = make_inputs(SHAPES[2], 7, torch.bfloat16, device)
+    q, k = (x.clone().requires_grad_() for x in inputs[:2])
+    saved = []
+
+    def run():
+        if op == "rope":
+            positions = torch.arange(q.shape[1], device=device).expand(q.shape[0], -1)
+            return rope_triton(q, k, positions, reference.rope_inverse_frequencies(2 * 3, 10000.0).to(device), block_t=4)
+        return selective_rope_triton(q, k, *inputs[2:], block_t=4)[:2]
+
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        q_rot, k_rot = run()
+    pointers = {t.data_ptr() for t in saved}
+    assert {q_rot.data_ptr(), k_rot.data_ptr()} <= pointers and not {q.data_ptr(), k.data_ptr()} & pointers
+    q_rot, k_rot = run()  # (without the hooks: with them autograd checks no versions)
+    q_rot.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (q_rot.float().sum() + k_rot.float().sum()).backward()

@@ -194,27 +194,28 @@ def _rotate_heads_fwd(
 
 @triton.jit
 def _rotate_heads_bwd(
-    x_ptr, g_ptr, dx_ptr, x_b, x_t, x_h, g_b, g_t, g_h, d_b, d_t, d_h, b, t, mt, h0, NH, cos, sin, rr, mr,
-    x1, x2, g1, g2, acc_a, acc_b, R: tl.constexpr, P: tl.constexpr, BP: tl.constexpr, CD: tl.constexpr,
+    y_ptr, g_ptr, dx_ptr, y_b, y_t, y_h, g_b, g_t, g_h, d_b, d_t, d_h, b, t, mt, h0, NH, cos, sin, rr, mr,
+    y1, y2, g1, g2, acc, R: tl.constexpr, P: tl.constexpr, BP: tl.constexpr, CD: tl.constexpr,
 ):
-    """Inverse-rotate the gradients of heads ``h0 ..``; accumulate, per pair,
-    ``a += g2·x1 - g1·x2`` and ``b += g1·x1 + g2·x2`` (then dL/dangle = cos·a - sin·b).
-    ``x1, x2, g1, g2``: head ``h0``'s halves, loaded by the caller before the angles."""
+    """Inverse-rotate the gradients of heads ``h0 ..``; accumulate dL/dangle per pair,
+    ``acc += g2·y1 - g1·y2``, from the forward's rotated outputs ``y`` (∂y/∂angle = (-y2, y1)):
+    the backward reads the outputs, which the host keeps for its own backward, instead of
+    keeping the inputs as well. ``y1, y2, g1, g2``: head ``h0``'s halves, loaded by the caller
+    before the angles."""
     m = mt[:, None] & mr[None, :]
     row_g = b * g_b + t[:, None] * g_t
     row_d = b * d_b + t[:, None] * d_t
     for j in range(NH):
         h = h0 + j
         if j > 0:
-            x1, x2 = _load_halves(x_ptr, x_b, x_t, x_h, b, t, h, rr, m, R, CD)
+            y1, y2 = _load_halves(y_ptr, y_b, y_t, y_h, b, t, h, rr, m, R, CD)
             g1, g2 = _load_halves(g_ptr, g_b, g_t, g_h, b, t, h, rr, m, R, CD)
         pd = dx_ptr + row_d + h * d_h
         tl.store(pd + rr[None, :], _out(g1 * cos + g2 * sin, dx_ptr), mask=m)
         tl.store(pd + R + rr[None, :], _out(g2 * cos - g1 * sin, dx_ptr), mask=m)
-        acc_a += g2 * x1 - g1 * x2
-        acc_b += g1 * x1 + g2 * x2
+        acc += g2 * y1 - g1 * y2
         _copy_rest(g_ptr + row_g + h * g_h, pd, mt, R, P, BP)
-    return acc_a, acc_b
+    return acc
 
 
 @triton.jit
@@ -354,7 +355,7 @@ def srope_fwd_kernel(
 
 @triton.jit
 def srope_bwd_kernel(
-    q, k, dq_out, dk_out, phi, temp, base, dq, dk, dangle, dtotal, dtemp_part,
+    q_rot, k_rot, dq_out, dk_out, phi, temp, base, dq, dk, dangle, dtotal, dtemp_part,
     q_b, q_t, q_h, k_b, k_t, k_h, gq_b, gq_t, gq_h, gk_b, gk_t, gk_h,
     dq_b, dq_t, dq_h, dk_b, dk_t, dk_h, p_b, p_t, p_h, temp_h,
     T, NT, N, cu_seqlens, chunk_seq, cu_chunks,
@@ -363,9 +364,9 @@ def srope_bwd_kernel(
     VARLEN: tl.constexpr, F64: tl.constexpr, PRECISE: tl.constexpr, FAST: tl.constexpr,
     STORE_DANGLE: tl.constexpr, STORE_TOTAL: tl.constexpr, TEMP_GRAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """dq, dk of one chunk and key-head group; dL/dangle (the scratch, for dphi), its chunk
-    total (for dphi and the offset's gradient) and the chunk's temperature partial
-    ``Σ_t dL/dangle_t · Φ_t``."""
+    """dq, dk of one chunk and key-head group from the forward's outputs ``q_rot``, ``k_rot``
+    (strides ``q_*``, ``k_*``); dL/dangle (the scratch, for dphi), its chunk total (for dphi
+    and the offset's gradient) and the chunk's temperature partial ``Σ_t dL/dangle_t · Φ_t``."""
     await_predecessor(PDL)
     CD: tl.constexpr = tl.float64 if F64 else tl.float32
     SUB: tl.constexpr = min(ST, BT)
@@ -383,23 +384,21 @@ def srope_bwd_kernel(
             t = t0 + s + tl.arange(0, SUB)
             mt = t < t_end
             m = mt[:, None] & mr[None, :]
-            q1, q2 = _load_halves(q, q_b, q_t, q_h, b, t, hk * G, rr, m, R, CD)
+            q1, q2 = _load_halves(q_rot, q_b, q_t, q_h, b, t, hk * G, rr, m, R, CD)
             gq1, gq2 = _load_halves(dq_out, gq_b, gq_t, gq_h, b, t, hk * G, rr, m, R, CD)
-            k1, k2 = _load_halves(k, k_b, k_t, k_h, b, t, hk, rr, m, R, CD)
+            k1, k2 = _load_halves(k_rot, k_b, k_t, k_h, b, t, hk, rr, m, R, CD)
             gk1, gk2 = _load_halves(dk_out, gk_b, gk_t, gk_h, b, t, hk, rr, m, R, CD)
             angle, local, carry = _selective_angles(phi, p_b, p_t, p_h, b, t, mt, hk, rr, mr, theta, start, carry, CD, FAST)
             cos, sin = _sincos(angle, PRECISE)
-            acc_a = tl.zeros([SUB, BR], dtype=CD)
-            acc_b = tl.zeros([SUB, BR], dtype=CD)
-            acc_a, acc_b = _rotate_heads_bwd(
-                q, dq_out, dq, q_b, q_t, q_h, gq_b, gq_t, gq_h, dq_b, dq_t, dq_h, b, t, mt, hk * G, G,
-                cos, sin, rr, mr, q1, q2, gq1, gq2, acc_a, acc_b, R, P, BP, CD,
+            d_angle = tl.zeros([SUB, BR], dtype=CD)  # stays zero on masked tokens and channels
+            d_angle = _rotate_heads_bwd(
+                q_rot, dq_out, dq, q_b, q_t, q_h, gq_b, gq_t, gq_h, dq_b, dq_t, dq_h, b, t, mt, hk * G, G,
+                cos, sin, rr, mr, q1, q2, gq1, gq2, d_angle, R, P, BP, CD,
             )
-            acc_a, acc_b = _rotate_heads_bwd(
-                k, dk_out, dk, k_b, k_t, k_h, gk_b, gk_t, gk_h, dk_b, dk_t, dk_h, b, t, mt, hk, 1,
-                cos, sin, rr, mr, k1, k2, gk1, gk2, acc_a, acc_b, R, P, BP, CD,
+            d_angle = _rotate_heads_bwd(
+                k_rot, dk_out, dk, k_b, k_t, k_h, gk_b, gk_t, gk_h, dk_b, dk_t, dk_h, b, t, mt, hk, 1,
+                cos, sin, rr, mr, k1, k2, gk1, gk2, d_angle, R, P, BP, CD,
             )
-            d_angle = cos * acc_a - sin * acc_b  # zero on masked tokens and channels
             if STORE_DANGLE:
                 token = b * T + t
                 m = mt[:, None] & mr[None, :]
@@ -525,15 +524,16 @@ def rope_fwd_kernel(
 
 @triton.jit
 def rope_bwd_kernel(
-    q, k, dq_out, dk_out, pos, inv_freq, dq, dk, dfreq_part,
+    q_rot, k_rot, dq_out, dk_out, pos, inv_freq, dq, dk, dfreq_part,
     q_b, q_t, q_h, k_b, k_t, k_h, gq_b, gq_t, gq_h, gk_b, gk_t, gk_h,
     dq_b, dq_t, dq_h, dk_b, dk_t, dk_h, s_b, s_t, T, NT,
     Hk: tl.constexpr, G: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
     BT: tl.constexpr, ST: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
     F64: tl.constexpr, PRECISE: tl.constexpr, FREQ_GRAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Fixed RoPE backward: inverse rotation; with ``FREQ_GRAD`` also the chunk's
-    ``Σ_t dL/dangle_t · position_t`` per frequency (float64 partials)."""
+    """Fixed RoPE backward from the forward's outputs ``q_rot``, ``k_rot``: inverse rotation;
+    with ``FREQ_GRAD`` also the chunk's ``Σ_t dL/dangle_t · position_t`` per frequency
+    (float64 partials)."""
     await_predecessor(PDL)
     CD: tl.constexpr = tl.float64 if F64 else tl.float32
     SUB: tl.constexpr = min(ST, BT)
@@ -546,23 +546,22 @@ def rope_bwd_kernel(
         t = (pid_c % NT).to(tl.int64) * BT + s + tl.arange(0, SUB)
         mt = t < T
         m = mt[:, None] & mr[None, :]
-        q1, q2 = _load_halves(q, q_b, q_t, q_h, b, t, hk * G, rr, m, R, CD)
+        q1, q2 = _load_halves(q_rot, q_b, q_t, q_h, b, t, hk * G, rr, m, R, CD)
         gq1, gq2 = _load_halves(dq_out, gq_b, gq_t, gq_h, b, t, hk * G, rr, m, R, CD)
-        k1, k2 = _load_halves(k, k_b, k_t, k_h, b, t, hk, rr, m, R, CD)
+        k1, k2 = _load_halves(k_rot, k_b, k_t, k_h, b, t, hk, rr, m, R, CD)
         gk1, gk2 = _load_halves(dk_out, gk_b, gk_t, gk_h, b, t, hk, rr, m, R, CD)
         angle, p = _rope_angles(pos, inv_freq, s_b, s_t, b, t, mt, rr, mr, CD)
         cos, sin = _sincos(angle, PRECISE)
-        acc_a = tl.zeros([SUB, BR], dtype=CD)
-        acc_b = tl.zeros([SUB, BR], dtype=CD)
-        acc_a, acc_b = _rotate_heads_bwd(
-            q, dq_out, dq, q_b, q_t, q_h, gq_b, gq_t, gq_h, dq_b, dq_t, dq_h, b, t, mt, hk * G, G,
-            cos, sin, rr, mr, q1, q2, gq1, gq2, acc_a, acc_b, R, P, BP, CD,
+        d_angle = tl.zeros([SUB, BR], dtype=CD)
+        d_angle = _rotate_heads_bwd(
+            q_rot, dq_out, dq, q_b, q_t, q_h, gq_b, gq_t, gq_h, dq_b, dq_t, dq_h, b, t, mt, hk * G, G,
+            cos, sin, rr, mr, q1, q2, gq1, gq2, d_angle, R, P, BP, CD,
         )
-        acc_a, acc_b = _rotate_heads_bwd(
-            k, dk_out, dk, k_b, k_t, k_h, gk_b, gk_t, gk_h, dk_b, dk_t, dk_h, b, t, mt, hk, 1,
-            cos, sin, rr, mr, k1, k2, gk1, gk2, acc_a, acc_b, R, P, BP, CD,
+        d_angle = _rotate_heads_bwd(
+            k_rot, dk_out, dk, k_b, k_t, k_h, gk_b, gk_t, gk_h, dk_b, dk_t, dk_h, b, t, mt, hk, 1,
+            cos, sin, rr, mr, k1, k2, gk1, gk2, d_angle, R, P, BP, CD,
         )
         if FREQ_GRAD:
-            part += tl.sum((cos * acc_a - sin * acc_b).to(tl.float64) * p[:, None], 0)
+            part += tl.sum(d_angle.to(tl.float64) * p[:, None], 0)
     if FREQ_GRAD:
         tl.store(dfreq_part + (pid_c * Hk + hk) * R + rr, part, mask=mr)

@@ -268,8 +268,8 @@ def selective_rope_fwd(
 def selective_rope_bwd(
     dq_out: torch.Tensor,
     dk_out: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
+    q_rot: torch.Tensor,
+    k_rot: torch.Tensor,
     phi: torch.Tensor,
     temperature: torch.Tensor,
     base: torch.Tensor,
@@ -281,9 +281,10 @@ def selective_rope_bwd(
     temperature_grad: bool,
     offset_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns ``(dq, dk, dphi, dtemperature per sequence [N,Hk,R] f64, doffset [N,Hk,R] f64)``;
-    the gradients not asked for are empty tensors."""
-    q, k, phi = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(phi)
+    """From the forward's rotated outputs ``q_rot``, ``k_rot``: ``(dq, dk, dphi, dtemperature
+    per sequence [N,Hk,R] f64, doffset [N,Hk,R] f64)``; the gradients not asked for are empty
+    tensors."""
+    q, k, phi = _last_dim_contiguous(q_rot), _last_dim_contiguous(k_rot), _last_dim_contiguous(phi)
     dq_out, dk_out = _last_dim_contiguous(dq_out), _last_dim_contiguous(dk_out)
     temperature = temperature.contiguous()
     batch, length, _, _ = q.shape
@@ -354,22 +355,24 @@ def _selective_rope_fwd_fake(q, k, phi, temperature, offset, cu_seqlens, cu_chun
 
 @selective_rope_bwd.register_fake
 def _selective_rope_bwd_fake(
-    dq_out, dk_out, q, k, phi, temperature, base, cu_seqlens, cu_chunks, chunk_seq, block_t, phi_grad, temperature_grad, offset_grad
+    dq_out, dk_out, q_rot, k_rot, phi, temperature, base, cu_seqlens, cu_chunks, chunk_seq, block_t, phi_grad, temperature_grad, offset_grad
 ):
-    count = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    per_sequence = (count, k.shape[2], phi.shape[3])
+    count = q_rot.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    per_sequence = (count, k_rot.shape[2], phi.shape[3])
     return (
-        q.new_empty(q.shape),
-        k.new_empty(k.shape),
+        q_rot.new_empty(q_rot.shape),
+        k_rot.new_empty(k_rot.shape),
         phi.new_empty(phi.shape if phi_grad else (0,)),
-        q.new_empty(per_sequence if temperature_grad else (0,), dtype=torch.float64),
-        q.new_empty(per_sequence if offset_grad else (0,), dtype=torch.float64),
+        q_rot.new_empty(per_sequence if temperature_grad else (0,), dtype=torch.float64),
+        q_rot.new_empty(per_sequence if offset_grad else (0,), dtype=torch.float64),
     )
 
 
 def _selective_setup(ctx, inputs, output) -> None:
     q, k, phi, temperature, offset, cu_seqlens, cu_chunks, chunk_seq, block_t = inputs
-    ctx.save_for_backward(q, k, phi, temperature, output[3], cu_seqlens, cu_chunks, chunk_seq)
+    # The rotated outputs, not q and k: the backward needs only those (see
+    # kernels._rotate_heads_bwd), and the host's own op saves them anyway.
+    ctx.save_for_backward(output[0], output[1], phi, temperature, output[3], cu_seqlens, cu_chunks, chunk_seq)
     ctx.block_t = block_t
     ctx.offset_dtype = None if offset is None else offset.dtype
     ctx.mark_non_differentiable(output[2], output[3])
@@ -379,13 +382,13 @@ def _selective_setup(ctx, inputs, output) -> None:
 
 
 def _selective_backward(ctx, dq_out, dk_out, _dfinal, _dbase):
-    q, k, phi, temperature, base, cu_seqlens, cu_chunks, chunk_seq = ctx.saved_tensors
+    q_rot, k_rot, phi, temperature, base, cu_seqlens, cu_chunks, chunk_seq = ctx.saved_tensors
     need = ctx.needs_input_grad
     offset_grad = ctx.offset_dtype is not None and need[4]
-    dq_out = torch.zeros_like(q) if dq_out is None else dq_out
-    dk_out = torch.zeros_like(k) if dk_out is None else dk_out
+    dq_out = torch.zeros_like(q_rot) if dq_out is None else dq_out
+    dk_out = torch.zeros_like(k_rot) if dk_out is None else dk_out
     dq, dk, dphi, dtemp_seq, doffset = selective_rope_bwd(
-        dq_out, dk_out, q, k, phi, temperature, base, cu_seqlens, cu_chunks, chunk_seq,
+        dq_out, dk_out, q_rot, k_rot, phi, temperature, base, cu_seqlens, cu_chunks, chunk_seq,
         ctx.block_t, need[2], need[3], offset_grad,
     )
     dtemp = None
@@ -458,15 +461,15 @@ def rope_fwd(
 def rope_bwd(
     dq_out: torch.Tensor,
     dk_out: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
+    q_rot: torch.Tensor,
+    k_rot: torch.Tensor,
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
     block_t: int,
     freq_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns ``(dq, dk, dinv_freq partials [chunks, Hk, R] f64 or empty)``."""
-    q, k, inv_freq = _last_dim_contiguous(q), _last_dim_contiguous(k), inv_freq.contiguous()
+    """From the forward's rotated outputs: ``(dq, dk, dinv_freq partials [chunks, Hk, R] f64 or empty)``."""
+    q, k, inv_freq = _last_dim_contiguous(q_rot), _last_dim_contiguous(k_rot), inv_freq.contiguous()
     dq_out, dk_out = _last_dim_contiguous(dq_out), _last_dim_contiguous(dk_out)
     batch, length, _, _ = q.shape
     key_heads, pairs = k.shape[2], inv_freq.shape[0]
@@ -492,24 +495,24 @@ def _rope_fwd_fake(q, k, positions, inv_freq, block_t):
 
 
 @rope_bwd.register_fake
-def _rope_bwd_fake(dq_out, dk_out, q, k, positions, inv_freq, block_t, freq_grad):
-    chunks = q.shape[0] * triton.cdiv(q.shape[1], block_t)
-    shape = (chunks, k.shape[2], inv_freq.shape[0]) if freq_grad else (0,)
-    return q.new_empty(q.shape), k.new_empty(k.shape), q.new_empty(shape, dtype=torch.float64)
+def _rope_bwd_fake(dq_out, dk_out, q_rot, k_rot, positions, inv_freq, block_t, freq_grad):
+    chunks = q_rot.shape[0] * triton.cdiv(q_rot.shape[1], block_t)
+    shape = (chunks, k_rot.shape[2], inv_freq.shape[0]) if freq_grad else (0,)
+    return q_rot.new_empty(q_rot.shape), k_rot.new_empty(k_rot.shape), q_rot.new_empty(shape, dtype=torch.float64)
 
 
 def _rope_setup(ctx, inputs, output) -> None:
     q, k, positions, inv_freq, block_t = inputs
-    ctx.save_for_backward(q, k, positions, inv_freq)
+    ctx.save_for_backward(output[0], output[1], positions, inv_freq)  # the rotated outputs, as Selective RoPE
     ctx.block_t = block_t
 
 
 def _rope_backward(ctx, dq_out, dk_out):
-    q, k, positions, inv_freq = ctx.saved_tensors
+    q_rot, k_rot, positions, inv_freq = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dq_out = torch.zeros_like(q) if dq_out is None else dq_out
-    dk_out = torch.zeros_like(k) if dk_out is None else dk_out
-    dq, dk, partial = rope_bwd(dq_out, dk_out, q, k, positions, inv_freq, ctx.block_t, need[3])
+    dq_out = torch.zeros_like(q_rot) if dq_out is None else dq_out
+    dk_out = torch.zeros_like(k_rot) if dk_out is None else dk_out
+    dq, dk, partial = rope_bwd(dq_out, dk_out, q_rot, k_rot, positions, inv_freq, ctx.block_t, need[3])
     dfreq = partial.sum((0, 1)).to(inv_freq.dtype) if need[3] else None
     return dq if need[0] else None, dk if need[1] else None, None, dfreq, None
 
