@@ -177,28 +177,37 @@ def main() -> int:
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument("--no-generate", action="store_true")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of the training jobs, one of each per round (fla's number moved 14%% between two runs of the same code)")
     parser.add_argument("--timeout", type=int, default=400)
     parser.add_argument("--out", default="out/bench/train.json")
     args = parser.parse_args()
     report = {"environment": environment() | {"commit": _git_commit()}, "command": " ".join(sys.argv), "args": vars(args), "train": [], "generate": []}
-    jobs = [("train", srope_train, (args, p, m)) for m in args.modes.split(",") for p in args.positions.split(",")]
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    train_jobs = [("train", srope_train, (args, p, m)) for m in args.modes.split(",") for p in args.positions.split(",")]
     if not args.no_fla:
-        jobs.append(("train", fla_train, (args,)))
+        train_jobs.append(("train", fla_train, (args,)))
+    jobs = [(kind, fn, fn_args, round_) for round_ in range(args.repeats) for kind, fn, fn_args in train_jobs]
     if not args.no_generate:
-        jobs += [("generate", srope_generate, (args, p)) for p in args.generate_positions.split(",")]
+        jobs += [("generate", srope_generate, (args, p), 0) for p in args.generate_positions.split(",")]
         if not args.no_fla:
-            jobs.append(("generate", fla_generate, (args,)))
-    for kind, fn, fn_args in jobs:
-        record = _attempt(fn, *fn_args)
+            jobs.append(("generate", fla_generate, (args,), 0))
+    for kind, fn, fn_args, round_ in jobs:
+        record = _attempt(fn, *fn_args) | {"round": round_}
         if "error" in record:
             record |= {"job": fn.__name__, "args": [a for a in fn_args if isinstance(a, str)]}
         report[kind].append(record)
         print(json.dumps({k: v for k, v in record.items() if k not in ("loss", "report")}), flush=True)
         write_json(args.out, report)
-    lines = ["| train | mode | tokens/s | peak GiB | wall s |", "|---|---|---|---|---|"]
+    lines = ["| train | mode | tokens/s (median of rounds) | min – max | peak GiB | wall s |", "|---|---|---|---|---|---|"]
+    groups: dict[tuple, list[dict]] = {}
     for r in report["train"]:
-        name = r.get("position", r.get("model", r.get("job")))
-        lines.append(f"| {name} | {r.get('mode', 'eager')} | {r.get('tokens_per_s', float('nan')):,.0f} | {r.get('peak_gib', float('nan')):.1f} | {r.get('wall_s', float('nan')):.0f} |")
+        groups.setdefault((r.get("position", r.get("model", r.get("job"))), r.get("mode", "eager")), []).append(r)
+    for (name, mode), rows in groups.items():
+        speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r] or [float("nan")]
+        lines.append(f"| {name} | {mode} | {statistics.median(speeds):,.0f} | {min(speeds):,.0f} – {max(speeds):,.0f} "
+                     f"| {max(r.get('peak_gib', float('nan')) for r in rows):.1f} | {sum(r.get('wall_s', 0.0) for r in rows):.0f} |")
     lines += ["", "| generate | ms/token | ms/token, decode_graphs off |", "|---|---|---|"]
     for r in report["generate"]:
         lines.append(f"| {r.get('position', r.get('model', r.get('job')))} | {r.get('generate_ms_per_token', float('nan')):.2f} "
