@@ -90,15 +90,16 @@ def record_launches() -> list:
     decode._inputs_op(torch.zeros(8, 1024, **bf16), torch.zeros(4, 256, 68), torch.zeros(4), 64, 1e-6)  # GLA-370M, standard gate
     # the generator projection's backward at GLA-370M, with and without the weight gradient
     projection_grad.backward_kernel = Recorder(projection_grad.backward_kernel, "backward_kernel", calls)
-    # (and with the host's gradient of the forward's cast added in)
+    # (and with the host's gradient of the forward's cast added in: x is then that bf16 cast)
     for host_grad, weight_grad in ((None, True), (None, False), (torch.zeros(64, 4, 256, **bf16), True)):
+        x = torch.zeros(64, 4, 256) if host_grad is None else torch.zeros(64, 4, 256, **bf16)
         projection_grad._backward_op(torch.zeros(64, 4, 68), None, torch.zeros(64, 4, 68), None, torch.zeros(64, 4),
-                                     torch.zeros(4, 256, 68, **bf16), torch.zeros(64, 4, 256), host_grad, weight_grad)
+                                     torch.zeros(4, 256, 68, **bf16), x, host_grad, weight_grad)
     # split as the generator runs it with the standard gate: the ω map's 64 columns, then the
     # gate's 4 shares, whose gradient is a broadcast over heads
     projection_grad._backward_op(torch.zeros(64, 4, 64), torch.zeros(64, 1, 4).expand(64, 4, 4), torch.zeros(64, 4, 64),
                                  torch.zeros(64, 4, 4), torch.zeros(64, 4), torch.zeros(4, 256, 68, **bf16),
-                                 torch.zeros(64, 4, 256), torch.zeros(64, 4, 256, **bf16), True)
+                                 torch.zeros(64, 4, 256, **bf16), torch.zeros(64, 4, 256, **bf16), True)
     # and its float32 forward (with the weight's split)
     for name in ("split_weight_kernel", "forward_kernel"):
         setattr(projection_grad, name, Recorder(getattr(projection_grad, name), name, calls))

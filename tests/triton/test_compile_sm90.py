@@ -34,15 +34,17 @@ def test_every_kernel_compiles_for_sm90_without_spills_or_approximate_sincos():
         # taken for |x| >= 105615, never after the reduction modulo 2π): a 4-byte store and
         # load, read from the SASS. The projection's backward is capped at 128 registers
         # (two programs per SM) and spills 104-148 bytes on one output tensor and 212 on the
-        # generator's two (the ω map's columns, the gate's): it was still the fastest tile
-        # measured (srope.ops.triton.projection.BACKWARD_TILE).
+        # generator's two (the ω map's columns, the gate's) when it reads a float32 x: it was
+        # still the fastest tile measured (srope.ops.triton.projection.BACKWARD_TILE). With
+        # the bf16 x of autocast's path (the host's gradient added in) it spills nothing.
         # Nothing else may spill.
         allowed = 8 if report["kernel"] in ("srope_fwd_kernel", "_rope_fwd", "_rope_bwd") and report["warps"] == 4 else 0
         if report["kernel"] == "backward_kernel" and report["WEIGHT_GRAD"]:
             allowed = 212
         assert report["spill_bytes"] <= allowed, report
         # within the 99 KiB of shared memory per block of sm_86/sm_89 GPUs (measured here for
-        # sm_90; the projection's backward takes the most, 62 KiB with three stages)
+        # sm_90; the projection's backward takes the most: 62 KiB with three stages on a
+        # float32 x, 78 KiB on a bf16 one)
         assert report["shared_bytes"] <= 101376, report
         assert not any(op.startswith(FORBIDDEN) for op in report["approx"]), report
         assert report["launch_pdl"] and report["waits"], report

@@ -199,8 +199,8 @@ def _rotate_heads_bwd(
 ):
     """Inverse-rotate the gradients of heads ``h0 ..``; accumulate dL/dangle per pair,
     ``acc += g2·y1 - g1·y2``, from the forward's rotated outputs ``y`` (∂y/∂angle = (-y2, y1)):
-    the backward reads the outputs, which the host keeps for its own backward, instead of
-    keeping the inputs as well. ``y1, y2, g1, g2``: head ``h0``'s halves, loaded by the caller
+    the backward reads the outputs, which the host usually keeps for its own backward,
+    instead of keeping the inputs as well. ``y1, y2, g1, g2``: head ``h0``'s halves, loaded by the caller
     before the angles."""
     m = mt[:, None] & mr[None, :]
     row_g = b * g_b + t[:, None] * g_t

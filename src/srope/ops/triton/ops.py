@@ -371,7 +371,8 @@ def _selective_rope_bwd_fake(
 def _selective_setup(ctx, inputs, output) -> None:
     q, k, phi, temperature, offset, cu_seqlens, cu_chunks, chunk_seq, block_t = inputs
     # The rotated outputs, not q and k: the backward needs only those (see
-    # kernels._rotate_heads_bwd), and the host's own op saves them anyway.
+    # kernels._rotate_heads_bwd), and the host's own op usually saves them too (not where it
+    # passes on a changed copy: a masked k, heads expanded for GQA, a cast).
     ctx.save_for_backward(output[0], output[1], phi, temperature, output[3], cu_seqlens, cu_chunks, chunk_seq)
     ctx.block_t = block_t
     ctx.offset_dtype = None if offset is None else offset.dtype

@@ -183,8 +183,8 @@ def backward_kernel(
 # tile (results/projection_tiles_h200.json); in an earlier run 0.210 with two stages against
 # 0.249 for the previous kernel on [tokens, inputs] tiles (64 x 128, 8 warps, one stage: 238
 # registers, one program per SM) and 0.208 for a split into dx (writing dz) and a split-K
-# weight gradient, which would need the forward's 16-bit copy of x kept for the backward
-# (results/projection_variants_h200.json). Capped at 128 registers two programs fit on an
+# weight gradient (results/projection_variants_h200.json; measured on float32 x, before the
+# backward read the forward's 16-bit copy of x under autocast). Capped at 128 registers two programs fit on an
 # SM; ptxas then spills 156 bytes (compile_sm90), and the tile is still the fastest measured.
 BACKWARD_TILE = (32, 128, 8, 3, 128)  # BN, BI, warps, stages, maxnreg
 SLAB = 1024
@@ -508,8 +508,7 @@ def projection_forward(
     on tensor cores (module docstring).
 
     Args:
-        x: ``[N, H, I]`` float32, or x rounded to the weight's dtype (the last two dimensions
-            contiguous, any token stride).
+        x: ``[N, H, I]`` float32 (the last two dimensions contiguous, any token stride).
         weight: ``[H, I, M]`` float32.
         eps: ε of the norm, >= 0.
         cast: bfloat16, float16 or None: also return x rounded to this dtype (to nearest),
