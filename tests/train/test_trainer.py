@@ -190,3 +190,21 @@ def test_too_little_data_says_how_much_is_needed(store, tmp_path):
     with pytest.raises(ValueError, match=r"too little training data: [\d,]+ tokens .* needs 400,001 \(global_batch_size 4 x seq_len 100000 \+ 1\)"):
         train(config, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_which_steps_run_as_a_cuda_graph():
+    # The rule alone (capturing needs a GPU, checked on the H200 by the benchmarks):
+    # torch.compile does not keep the step out of the graph; several processes or
+    # per-document packing (shapes that change from step to step) do.
+    from srope.train.distributed import World
+    from srope.train.trainer import _use_cuda_graph
+
+    gpu, cpu = World(device=torch.device("cuda", 0)), World()
+    assert _use_cuda_graph(TrainConfig(), gpu)
+    assert _use_cuda_graph(TrainConfig(compile=True), gpu)
+    assert not _use_cuda_graph(TrainConfig(cuda_graph="off"), gpu)
+    assert not _use_cuda_graph(TrainConfig(), cpu)
+    assert not _use_cuda_graph(TrainConfig(packing="documents"), gpu)
+    assert not _use_cuda_graph(TrainConfig(), World(size=2, device=torch.device("cuda", 0)))
+    with pytest.raises(ValueError, match="packing='documents'"):
+        _use_cuda_graph(TrainConfig(cuda_graph="on", packing="documents"), gpu)

@@ -77,7 +77,7 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "auto"  # autocast dtype: "auto" = bfloat16 on CUDA, float32 on the CPU
     compile: bool = False
-    cuda_graph: str = "auto"  # capture the step as a CUDA graph: "auto" (one CUDA process, concat packing, no compile), "on", "off"
+    cuda_graph: str = "auto"  # capture the step (compiled or not) as a CUDA graph: "auto" (one CUDA process, concat packing), "on", "off"
     parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2) when torchrun starts several processes
     checkpoint_every: int = 100
     eval_every: int = 0  # 0: only at the end
@@ -327,7 +327,6 @@ def _use_cuda_graph(config: TrainConfig, world: World) -> bool:
             (f"the device is {world.device.type}, not CUDA", world.device.type != "cuda"),
             (f"{world.size} processes (one is needed)", world.size > 1),
             ("packing='documents' changes the shapes from step to step", config.packing != "concat"),
-            ("compile=true", config.compile),
         )
         if applies
     ]
