@@ -125,8 +125,9 @@ def generate_ms(model, args, vocab: int) -> dict:
         return time.perf_counter() - began
 
     run(args.new)  # warm-up: autotuning, graph capture
-    one = statistics.median(run(1) for _ in range(3))
-    full = statistics.median(run(args.new) for _ in range(3))
+    # interleaved, so that a slow phase of the machine hits both alike
+    ones, fulls = zip(*((run(1), run(args.new)) for _ in range(args.generate_repeats)))
+    one, full = statistics.median(ones), statistics.median(fulls)
     return {"generate_ms_per_token": 1e3 * (full - one) / (args.new - 1), "generate_s": full, "prefill_and_first_s": one}
 
 
@@ -175,6 +176,7 @@ def main() -> int:
     parser.add_argument("--generate-positions", default="nope,rope,selective_rope")
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--generate-repeats", type=int, default=7, help="timed generate runs of each length (median)")
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument("--no-generate", action="store_true")
     parser.add_argument("--repeats", type=int, default=1,
@@ -183,8 +185,8 @@ def main() -> int:
     parser.add_argument("--out", default="out/bench/train.json")
     args = parser.parse_args()
     report = {"environment": environment() | {"commit": _git_commit()}, "command": " ".join(sys.argv), "args": vars(args), "train": [], "generate": []}
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
+    if args.repeats < 1 or args.generate_repeats < 1:
+        parser.error("--repeats and --generate-repeats must be >= 1")
     train_jobs = [("train", srope_train, (args, p, m)) for m in args.modes.split(",") for p in args.positions.split(",")]
     if not args.no_fla:
         train_jobs.append(("train", fla_train, (args,)))

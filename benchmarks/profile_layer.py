@@ -6,6 +6,7 @@ of the layer with NoPE, RoPE and Selective RoPE (the paper's LM setting), and th
 of the same calls (ops and the Python frames that issued them) (``--host-only``: only that), then the kernels of the Selective
 RoPE angle generator alone, and of its short convolution alone with each backend of
 :func:`srope.ops.conv.short_conv` (PyTorch's ``conv1d`` route, fla's Triton ``causal_conv1d``). Kernel names are shortened to their first 80 characters and summed.
+``--python``: also where the eager calls' Python time goes (sampled stacks of every thread).
 
     python benchmarks/profile_layer.py --out benchmarks/results/profile_layer_h200.json
 """
@@ -80,10 +81,75 @@ def host_profile(fn, steps: int = 5, top: int = 30) -> dict:
             "by_stack": rows(prof.key_averages(group_by_stack_n=4))}
 
 
+def python_profile(fn, seconds: float = 3.0, interval: float = 2e-4, top: int = 30) -> dict:
+    """Where the Python time of eager calls of ``fn`` goes, every thread included (autograd
+    runs the backward's Python, custom ops' backward among it, on a thread of its own): a
+    sampler thread reads the other threads' Python stacks every ``interval`` seconds while
+    ``fn`` is called for about ``seconds``. Per thread and function (name, file:line of its
+    def), the share of samples it was running in (``self``) and was on the stack in
+    (``total``). The GIL's switch interval is cut to ``interval`` meanwhile, else samples
+    would fall only where the running thread releases the GIL."""
+    import collections
+    import sys
+    import threading
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    counts: dict[str, tuple[collections.Counter, collections.Counter]] = {}
+    samples: collections.Counter = collections.Counter()
+    stop = threading.Event()
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+
+    def where(code) -> str:
+        return f"{code.co_name} {code.co_filename.split('site-packages/')[-1].split(f'{ROOT}/')[-1]}:{code.co_firstlineno}"
+
+    def sample() -> None:
+        me = threading.get_ident()
+        while not stop.is_set():
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                name = names.get(ident, "other")
+                own, total = counts.setdefault(name, (collections.Counter(), collections.Counter()))
+                samples[name] += 1
+                own[where(frame.f_code)] += 1
+                stack = set()
+                while frame is not None:
+                    stack.add(where(frame.f_code))
+                    frame = frame.f_back
+                total.update(stack)
+            time.sleep(interval)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    sampler = threading.Thread(target=sample, daemon=True)
+    calls, began = 0, time.perf_counter()
+    sampler.start()
+    try:
+        while time.perf_counter() - began < seconds:
+            fn()
+            calls += 1
+        torch.cuda.synchronize()
+    finally:
+        stop.set()
+        sampler.join()
+        sys.setswitchinterval(switch)
+    wall = time.perf_counter() - began
+
+    def ranked(counter, n):
+        return [{"function": k, "share": round(v / n, 4)} for k, v in counter.most_common(top)]
+
+    return {"ms_per_call": round(1e3 * wall / calls, 3), "calls": calls,
+            "threads": {name: {"samples": samples[name], "self": ranked(own, samples[name]), "total": ranked(total, samples[name])}
+                        for name, (own, total) in counts.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--host-only", action="store_true", help="only the CPU-side profile of each layer")
+    parser.add_argument("--python", action="store_true", help="also sample the Python stacks of eager calls of each layer")
     args = parser.parse_args()
     device = "cuda"
     batch, length, hidden = 8, 4096, 1024
@@ -103,6 +169,10 @@ def main() -> None:
 
         report.setdefault("host", {})[name] = host_profile(step)
         print(name, "host", report["host"][name]["cpu_ms"], flush=True)
+        if args.python:
+            report.setdefault("python", {})[name] = python_profile(step)
+            for thread, rows in report["python"][name]["threads"].items():
+                print(name, "python", thread, [f"{r['share']:.2f} {r['function']}" for r in rows["self"][:8]], flush=True)
         if not args.host_only:
             report["layer"][name] = profile(step)
             print(name, report["layer"][name]["kernel_ms"], report["layer"][name]["eager_ms"], flush=True)

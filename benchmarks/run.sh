@@ -11,6 +11,9 @@
 #   gpu-tests   every test marked gpu (pytest -m gpu tests; one autotune candidate, as checks),
 #               JUnit XML into $R/gpu-tests.xml; GPU_TESTS_ARGS narrows it (e.g. a path)
 #   train       srope train (the CLI) and model.generate, beside fla's GLAForCausalLM
+#   layers      every host's layer with each position encoding (eager and graph), then where the
+#               GLA layer's time goes: kernels, CPU ops and sampled Python stacks
+#   ops         the rotation ops against the other implementations, eager and graph
 #   fused       the host's fused norms and SwiGLU (srope.ops.fused) against float64 on the GPU,
 #               then the synthetic protocols' training steps with fla's and PyTorch's pieces
 set -u
@@ -27,6 +30,10 @@ for stage in "$@"; do
       TRITON_CACHE_DIR=/tmp/triton-fast run "${FUSED_TEST_LIMIT:-240}" python3 benchmarks/fast_autotune.py -m pytest -q -p no:cacheprovider tests/ops/test_fused.py
       run "${FUSED_PROFILE_LIMIT:-240}" python3 -m benchmarks.profile_synth --only copying-nope copying-srope \
         --out "$R/profile_synth.json" ;;
+    layers)
+      run "${LAYER_LIMIT:-240}" python3 benchmarks/bench_layer.py --out "$R/layer.json"
+      PYTHONPATH=$PYTHONPATH:$PWD/benchmarks run "${PROFILE_LIMIT:-150}" python3 -m benchmarks.profile_layer --python --out "$R/profile_layer.json" ;;
+    ops) run "${OP_LIMIT:-300}" python3 benchmarks/bench_op.py --out "$R/op.json" ;;
     train) run "${TRAIN_LIMIT:-420}" python3 benchmarks/bench_train.py --data .data/shakespeare --out "$R/train.json" ${TRAIN_ARGS:-} ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
