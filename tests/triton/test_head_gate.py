@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srope.ops.triton.head_gate import apply_head_gate
+from srope.ops.conv import causal_conv
+from srope.ops.triton.head_gate import apply_head_gate, conv_head_gate
 from tests.helpers import generator, randn, rel_err
 
 # (tokens, heads, pairs): one block and a partial one, odd sizes, the benchmark's head shape.
@@ -25,7 +26,7 @@ def leaves(*tensors):
     return [t.detach().clone().requires_grad_() for t in tensors]
 
 
-def check_against_float64(fused, reference, inputs, seed):
+def check_against_float64(fused, reference, inputs, seed, tol=1e-6):
     """Outputs and every input's gradient (for fresh random output gradients) of the
     float32 kernels within float32 rounding of float64 torch; outputs poisoned beforehand
     cannot pass (every output element is written)."""
@@ -35,11 +36,11 @@ def check_against_float64(fused, reference, inputs, seed):
     gen = generator(seed)
     grads = [randn(*o.shape, seed_gen=gen) for o in out64]
     for o, o64 in zip(out, out64):
-        assert o.dtype == torch.float32 and o.shape == o64.shape and rel_err(o, o64) < 1e-6
+        assert o.dtype == torch.float32 and o.shape == o64.shape and rel_err(o, o64) < tol
     torch.autograd.backward(out, [g.to(out[0].device, torch.float32) for g in grads])
     torch.autograd.backward(out64, [g.to(out64[0].device, torch.float64) for g in grads])
     for t, t64 in zip(ours, exact):
-        assert t.grad is not None and t.grad.shape == t64.shape and rel_err(t.grad, t64.grad) < 1e-6
+        assert t.grad is not None and t.grad.shape == t64.shape and rel_err(t.grad, t64.grad) < tol
 
 
 def gate_inputs(tokens, heads, pairs, bias, seed, device):
@@ -99,6 +100,88 @@ def test_gradients_deterministic(device):
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
+def reference_conv_gate(u, w, conv_bias, y, gate_bias, e, activation=None):
+    c = causal_conv(u, w, bias=conv_bias)[0].flatten(0, 1)
+    return reference_apply(c, y, gate_bias, e, activation)
+
+
+def conv_gate_inputs(batch, length, heads, pairs, width, seed, device):
+    gen = generator(seed)
+    u = randn(batch, length, heads * pairs, seed_gen=gen, scale=2.0, dtype=torch.float32).to(device)
+    w = randn(heads * pairs, width, seed_gen=gen, dtype=torch.float32).to(device)
+    conv_bias = randn(heads * pairs, seed_gen=gen, dtype=torch.float32).to(device)
+    _, y, gate_bias, e = gate_inputs(batch * length, heads, pairs, True, seed + 1, device)
+    return u, w, conv_bias, y, gate_bias, e
+
+
+# (batch, length, heads, pairs, width): rows shorter than the taps, rows ending inside a block
+# (and a block spanning rows), odd sizes, the benchmark's head shape, a one-tap conv.
+CONV_SHAPES = [(1, 1, 1, 1, 4), (2, 3, 1, 2, 4), (3, 13, 3, 5, 4), (2, 37, 4, 64, 4), (2, 9, 2, 3, 1), (1, 20, 2, 4, 3)]
+
+
+@pytest.mark.parametrize("activation", ["silu", None], ids=["silu", "linear"])
+@pytest.mark.parametrize("biases", ["both", "none", "conv", "e"])
+@pytest.mark.parametrize("batch,length,heads,pairs,width", CONV_SHAPES)
+def test_conv_gate_matches_float64(batch, length, heads, pairs, width, biases, activation, device):
+    u, w, conv_bias, y, gate_bias, e = conv_gate_inputs(batch, length, heads, pairs, width, batch * length + width, device)
+    conv_bias = conv_bias if biases in ("both", "conv") else None
+    e = e if biases in ("both", "e") else None
+    tensors = [t for t in (u, w, conv_bias, y, gate_bias, e) if t is not None]
+
+    def bind(fn):
+        def call(*given):
+            given = iter(given)
+            return fn(next(given), next(given), next(given) if conv_bias is not None else None, next(given), next(given),
+                      next(given) if e is not None else None, activation)
+        return call
+
+    # the token sums of the biases' gradients cancel more than the gate's alone: 1e-5
+    check_against_float64(bind(conv_head_gate), bind(reference_conv_gate), tensors, seed=3, tol=1e-5)
+
+
+def test_conv_gate_equals_conv_then_gate(device):
+    """The fused path gives what the conv followed by apply_head_gate gives, bit for bit
+    in the forward (the same float32 sums in the same order is not promised: within 1e-6)."""
+    u, w, conv_bias, y, gate_bias, e = conv_gate_inputs(2, 21, 3, 4, 4, 8, device)
+    c = causal_conv(u, w, bias=conv_bias)[0].flatten(0, 1)
+    assert rel_err(conv_head_gate(u, w, conv_bias, y, gate_bias, e, "silu"), apply_head_gate(c, y, gate_bias, e, "silu")) < 1e-6
+
+
+def test_conv_gate_deterministic_and_empty(device):
+    u, w, conv_bias, y, gate_bias, e = conv_gate_inputs(3, 50, 2, 4, 4, 9, device)
+    grads = []
+    for _ in range(2):
+        inputs = leaves(u, w, conv_bias, y, gate_bias, e)
+        conv_head_gate(*inputs, "silu").square().sum().backward()
+        grads.append([t.grad for t in inputs])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    inputs = leaves(u[:, :0], w, conv_bias, y[:0], gate_bias, e)
+    out = conv_head_gate(*inputs)
+    assert out.shape == (0, 2, 4)
+    out.sum().backward()
+    assert all(t.grad is not None and not t.grad.any() for t in inputs)
+
+
+CONV_BAD = [
+    ("u rank", lambda d: conv_head_gate(_zeros(6, 8, device=d), _zeros(8, 4, device=d), None, _zeros(6, 2, 2, device=d), _zeros(2, device=d)),
+     ValueError, r"u must be \[B, T, H·R\]"),
+    ("y tokens", lambda d: conv_head_gate(_zeros(2, 3, 8, device=d), _zeros(8, 4, device=d), None, _zeros(5, 2, 2, device=d), _zeros(2, device=d)),
+     ValueError, r"\[B·T, H, H\]"),
+    ("weight", lambda d: conv_head_gate(_zeros(2, 3, 8, device=d), _zeros(4, 8, device=d), None, _zeros(6, 2, 2, device=d), _zeros(2, device=d)),
+     ValueError, "weight must be"),
+    ("conv bias", lambda d: conv_head_gate(_zeros(2, 3, 8, device=d), _zeros(8, 4, device=d), _zeros(7, device=d), _zeros(6, 2, 2, device=d),
+                                           _zeros(2, device=d)), ValueError, "conv_bias"),
+    ("dtype", lambda d: conv_head_gate(_zeros(2, 3, 8, device=d, dtype=torch.float64), _zeros(8, 4, device=d), None, _zeros(6, 2, 2, device=d),
+                                       _zeros(2, device=d)), TypeError, "float32"),
+]
+
+
+@pytest.mark.parametrize("name,call,error,match", CONV_BAD, ids=[b[0] for b in CONV_BAD])
+def test_conv_gate_bad_inputs(name, call, error, match, device):
+    with pytest.raises(error, match=match):
+        call(device)
+
+
 def _zeros(*shape, device, dtype=torch.float32):
     return torch.zeros(*shape, dtype=dtype, device=device)
 
@@ -130,6 +213,9 @@ def test_opcheck(device):
     for bias in (e, None):
         for silu in (True, False):
             torch.library.opcheck(head_gate._apply_op, (c, y, gate_bias, bias, silu))
+    u, w, conv_bias, y, gate_bias, e = conv_gate_inputs(2, 5, 2, 3, 4, 10, device)
+    for biases in ((conv_bias, e), (None, None)):
+        torch.library.opcheck(head_gate._conv_gate_op, (u.requires_grad_(), w, biases[0], y, gate_bias, biases[1], True))
 
 
 @pytest.mark.parametrize("activation", ["silu", None], ids=["silu", "linear"])

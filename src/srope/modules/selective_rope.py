@@ -19,6 +19,7 @@ from torch import nn
 from srope.modules.base import HostInput, PositionEncoding
 from srope.modules.conv import FirstDifference, ShortConvolution
 from srope.modules.spectra import SPECTRA, temperature_spectrum
+from srope.ops.conv import last_inputs
 from srope.ops.layout import RowLayout
 from srope.ops.projection import normalized_head_projection
 from srope.ops.reference import compute_dtype
@@ -27,8 +28,9 @@ from srope.ops.rotary import selective_rope
 PROJECTIONS = ("full-rank", "low-rank")
 GATES = (None, "standard", "low-rank", "per-channel")
 # Where the standard gate after the generator's conv runs as a fused Triton kernel
-# (srope.ops.triton.head_gate) instead of torch's elementwise ops: "cuda" (float32 CUDA
-# tensors), "always" (also on the CPU under TRITON_INTERPRET=1; tests) or "never".
+# (srope.ops.triton.head_gate; with the conv inside it for whole rows without a carried
+# state) instead of torch's elementwise ops: "cuda" (float32 CUDA tensors), "always" (also
+# on the CPU under TRITON_INTERPRET=1; tests) or "never".
 FUSED_GATE = "cuda"
 
 
@@ -292,9 +294,10 @@ class SelectiveRoPE(PositionEncoding):
 
     def phase_increments(
         self, x: torch.Tensor, layout: RowLayout, conv_state: torch.Tensor | None = None,
-        projected: tuple[torch.Tensor, ...] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """φ ``[B, T, Hk, R]`` from the block input, and the conv's final state.
+        projected: tuple[torch.Tensor, ...] | None = None, want_state: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """φ ``[B, T, Hk, R]`` from the block input, and the conv's final state (may be None
+        without ``want_state``).
 
         Computed in max(float32, x.dtype) with autocast off: the increments are summed over
         the whole sequence, so bf16 rounding of each would accumulate into the angles. Under
@@ -306,14 +309,22 @@ class SelectiveRoPE(PositionEncoding):
         with torch.autocast(device, enabled=False):
             parts = self.project(x, grad_dtype) if projected is None else projected
             if self._fuses_gate(parts[0]):
-                from srope.ops.triton.head_gate import apply_head_gate
+                from srope.ops.triton.head_gate import apply_head_gate, conv_head_gate
 
-                # (the conv's activation in the gate's kernel: fla's backward of its own
-                # activation recomputes the conv)
-                c, conv_state = self.conv(parts[0].flatten(-2), layout, conv_state, activate=False)
-                e = None if self.bias is None else torch.exp(self.bias.to(c.dtype))
-                phi = apply_head_gate(c.flatten(0, -2), parts[1].flatten(0, -3), self.gate.bias.to(c.dtype), e, self.conv.activation)
-                phi = phi.view(*c.shape[:-1], self.num_heads, self.pairs)
+                u = parts[0].flatten(-2)
+                e = None if self.bias is None else torch.exp(self.bias.to(u.dtype))
+                gate_bias, shares = self.gate.bias.to(u.dtype), parts[1].flatten(0, -3)
+                if layout.identity and conv_state is None:  # whole rows from their start: the conv in the gate's kernels
+                    weight = self.conv.kernel().to(device=u.device, dtype=u.dtype)
+                    conv_bias = None if self.conv.bias is None else self.conv.bias.to(u.dtype)
+                    phi = conv_head_gate(u, weight, conv_bias, shares, gate_bias, e, self.conv.activation)
+                    conv_state = last_inputs(u, layout, self.conv.kernel_size, None) if want_state else None
+                else:
+                    # (the conv's activation in the gate's kernel: fla's backward of its own
+                    # activation recomputes the conv)
+                    c, conv_state = self.conv(u, layout, conv_state, activate=False)
+                    phi = apply_head_gate(c.flatten(0, -2), shares, gate_bias, e, self.conv.activation)
+                phi = phi.view(*u.shape[:-1], self.num_heads, self.pairs)
             else:
                 u, gate = self.generator_inputs(x, grad_dtype, parts)
                 phi, conv_state = self.conv(u, layout, conv_state)
@@ -372,7 +383,7 @@ class SelectiveRoPE(PositionEncoding):
                 q, k, new_state = self.decode_step(q, k, x, state)
                 return q, k, new_state if use_cache else None
         layout = RowLayout.of(*q.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device, given=layout)
-        phi, conv_state = self.phase_increments(x, layout, conv_state, None if prepared is None else prepared.work)
+        phi, conv_state = self.phase_increments(x, layout, conv_state, None if prepared is None else prepared.work, want_state=use_cache)
         if attention_mask is not None:
             phi = phi * (attention_mask != 0)[..., None, None]
         temperature = self.temperature(compute_dtype(q.dtype, phi.dtype), q.device)

@@ -39,6 +39,9 @@ from srope.ops.triton.kernels import await_predecessor
 from srope.ops.triton.ops import interpreting, on_device, pdl
 
 BLOCK_N = 64  # tokens per program (the interpreter: 16)
+# The conv-fused backward holds several [tokens, R] tiles at once (dc, the recomputed conv's
+# taps, du): at 64 tokens x 64 pairs and 4 warps ptxas spills them (tests/triton/compile_sm90.py).
+CONV_BWD_BLOCK_N = 32
 ACTIVATIONS = (None, "silu", "swish")  # the conv's (srope.ops.conv.ACTIVATIONS)
 
 
@@ -48,6 +51,23 @@ def _gate(y, gate_bias, nn, mn, h, H: tl.constexpr, BH: tl.constexpr):
     jj = tl.arange(0, BH)
     shares = tl.load(y + (nn[:, None] * H + jj[None, :]) * H + h, mask=mn[:, None] & (jj < H)[None, :], other=0.0)
     return tl.sigmoid(tl.sum(shares, axis=1) + tl.load(gate_bias + h))
+
+
+@triton.jit
+def _gate_grad(grad, value, y, gate_bias, e, nn, mn, h, rr, mr, H: tl.constexpr, R: tl.constexpr, HAS_BIAS: tl.constexpr,
+               SILU: tl.constexpr, BH: tl.constexpr):
+    """From dφ and the conv's output c at the tokens ``nn``: ``(dc, dφ·s, the logit's gradient)``."""
+    slope = 1.0
+    if SILU:
+        sig = tl.sigmoid(value)
+        slope = sig * (1.0 + value * (1.0 - sig))
+        value = value * sig
+    if HAS_BIAS:
+        value += tl.load(e + h * R + rr, mask=mr, other=0.0)[None, :]
+    gate = _gate(y, gate_bias, nn, mn, h, H, BH)
+    scaled = grad * gate[:, None]
+    logit_grad = tl.where(mn, tl.sum(grad * value, axis=1) * gate * (1.0 - gate), 0.0)
+    return scaled * slope, scaled, logit_grad
 
 
 @triton.jit
@@ -82,25 +102,16 @@ def apply_bwd_kernel(dphi, c, y, gate_bias, e, dc, dlogit, partial_bias, partial
     tile = mn[:, None] & mr[None, :]
     grad = tl.load(dphi + (nn[:, None] * H + h) * R + rr[None, :], mask=tile, other=0.0)
     value = tl.load(c + nn[:, None] * (H * R) + h * R + rr[None, :], mask=tile, other=0.0)
-    slope = 1.0
-    if SILU:
-        sig = tl.sigmoid(value)
-        slope = sig * (1.0 + value * (1.0 - sig))
-        value = value * sig
-    if HAS_BIAS:
-        value += tl.load(e + h * R + rr, mask=mr, other=0.0)[None, :]
-    gate = _gate(y, gate_bias, nn, mn, h, H, BH)
-    scaled = grad * gate[:, None]
-    tl.store(dc + nn[:, None] * (H * R) + h * R + rr[None, :], scaled * slope, mask=tile)
-    logit_grad = tl.where(mn, tl.sum(grad * value, axis=1) * gate * (1.0 - gate), 0.0)
+    grad_c, scaled, logit_grad = _gate_grad(grad, value, y, gate_bias, e, nn, mn, h, rr, mr, H, R, HAS_BIAS, SILU, BH)
+    tl.store(dc + nn[:, None] * (H * R) + h * R + rr[None, :], grad_c, mask=tile)
     tl.store(dlogit + nn * H + h, logit_grad, mask=mn)
     tl.store(partial_bias + pn * H + h, tl.sum(logit_grad, axis=0))
     if HAS_BIAS:
         tl.store(partial_e + (pn * H + h) * R + rr, tl.sum(scaled, axis=0), mask=mr)
 
 
-def _launch(x: torch.Tensor):
-    block_n = 16 if interpreting() else BLOCK_N
+def _launch(x: torch.Tensor, block_n: int = BLOCK_N):
+    block_n = 16 if interpreting() else block_n
     return block_n, triton.cdiv(x.shape[0], block_n)
 
 
@@ -213,3 +224,213 @@ def apply_head_gate(
         raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
     _check_device(c)
     return _apply_op(c, y, gate_bias, e, activation is not None)
+
+
+# ----------------------------------------------------------------- with the conv fused in
+#
+# For rows without padding, packing or a carried state (a training step), the generator's
+# short conv runs inside the gate's kernels instead of as an op of its own:
+#
+#     c[n, ch] = Σ_j w[ch, j] · u[n - (K-1) + j, ch] + b[ch]     (taps before the row's start: 0)
+#
+# The forward reads u's K taps per token from the cache instead of reading c; the backward
+# recomputes c and the gate at the K tokens each u[n] reached (n .. n+K-1 in its row) to form
+# du = Σ_s w[:, K-1-s] · dc[n+s] in one pass, and sums dw and db per block like the gate's
+# bias. This drops the conv's own kernels and launches (fla's conv costs about 1.3 ms of host
+# time per call and backward, ten times its kernels' time) and c's round trip through memory.
+
+
+@triton.jit
+def _conv(u, w, conv_bias, nn, t, mn, ch, mr, C: tl.constexpr, K: tl.constexpr, HAS_CONV_BIAS: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr):
+    """c at the tokens ``nn`` (position ``t`` in their row) for the channels ``ch``."""
+    acc = tl.zeros((BN, BR), dtype=tl.float32)
+    for j in tl.static_range(K):
+        ok = mn & (t >= K - 1 - j)
+        taps = tl.load(u + (nn - (K - 1 - j))[:, None] * C + ch[None, :], mask=ok[:, None] & mr[None, :], other=0.0)
+        acc += taps * tl.load(w + ch * K + j, mask=mr, other=0.0)[None, :]
+    if HAS_CONV_BIAS:
+        acc += tl.load(conv_bias + ch, mask=mr, other=0.0)[None, :]
+    return acc
+
+
+@triton.jit
+def conv_gate_fwd_kernel(u, w, conv_bias, y, gate_bias, e, phi, N, T, H: tl.constexpr, R: tl.constexpr, K: tl.constexpr,
+                         HAS_CONV_BIAS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BN: tl.constexpr,
+                         BR: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr = False):
+    await_predecessor(PDL)
+    nn = tl.program_id(0) * BN + tl.arange(0, BN)
+    h = tl.program_id(1)
+    rr = tl.arange(0, BR)
+    mn, mr = nn < N, rr < R
+    value = _conv(u, w, conv_bias, nn, nn % T, mn, h * R + rr, mr, H * R, K, HAS_CONV_BIAS, BN, BR)
+    if SILU:
+        value = value * tl.sigmoid(value)
+    if HAS_BIAS:
+        value += tl.load(e + h * R + rr, mask=mr, other=0.0)[None, :]
+    gate = _gate(y, gate_bias, nn, mn, h, H, BH)
+    tl.store(phi + (nn[:, None] * H + h) * R + rr[None, :], value * gate[:, None], mask=mn[:, None] & mr[None, :])
+
+
+@triton.jit
+def _conv_gate_grad(dphi, u, w, conv_bias, y, gate_bias, e, nn, t, mn, h, rr, mr, H: tl.constexpr, R: tl.constexpr,
+                    K: tl.constexpr, HAS_CONV_BIAS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                    BN: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
+    """At the tokens ``nn``: ``(dc, dφ·s, the logit's gradient)``, c and the gate recomputed."""
+    grad = tl.load(dphi + (nn[:, None] * H + h) * R + rr[None, :], mask=mn[:, None] & mr[None, :], other=0.0)
+    value = _conv(u, w, conv_bias, nn, t, mn, h * R + rr, mr, H * R, K, HAS_CONV_BIAS, BN, BR)
+    return _gate_grad(grad, value, y, gate_bias, e, nn, mn, h, rr, mr, H, R, HAS_BIAS, SILU, BH)
+
+
+@triton.jit
+def conv_gate_bwd_kernel(dphi, u, w, conv_bias, y, gate_bias, e, du, dlogit, partial_w, partial_conv_bias, partial_bias,
+                         partial_e, N, T, H: tl.constexpr, R: tl.constexpr, K: tl.constexpr, HAS_CONV_BIAS: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    """du, dlogit and per-block partial sums of dw ``[C, K]``, db ``[C]``, the gate bias's
+    gradient ``[H]`` and (with a bias) de ``[H, R]``."""
+    await_predecessor(PDL)
+    pn, h = tl.program_id(0), tl.program_id(1)
+    nn = pn * BN + tl.arange(0, BN)
+    rr = tl.arange(0, BR)
+    mn, mr = nn < N, rr < R
+    t = nn % T
+    ch = h * R + rr
+    tile = mn[:, None] & mr[None, :]
+    dc, scaled, logit_grad = _conv_gate_grad(dphi, u, w, conv_bias, y, gate_bias, e, nn, t, mn, h, rr, mr, H, R, K,
+                                             HAS_CONV_BIAS, HAS_BIAS, SILU, BN, BR, BH)
+    tl.store(dlogit + nn * H + h, logit_grad, mask=mn)
+    tl.store(partial_bias + pn * H + h, tl.sum(logit_grad, axis=0))
+    if HAS_BIAS:
+        tl.store(partial_e + (pn * H + h) * R + rr, tl.sum(scaled, axis=0), mask=mr)
+    if HAS_CONV_BIAS:
+        tl.store(partial_conv_bias + pn * H * R + ch, tl.sum(dc, axis=0), mask=mr)
+    for j in tl.static_range(K):  # dw[:, j] = Σ_n dc[n] · u[n - (K-1) + j]
+        ok = mn & (t >= K - 1 - j)
+        taps = tl.load(u + (nn - (K - 1 - j))[:, None] * (H * R) + ch[None, :], mask=ok[:, None] & mr[None, :], other=0.0)
+        tl.store(partial_w + (pn * H * R + ch) * K + j, tl.sum(dc * taps, axis=0), mask=mr)
+    grad_u = dc * tl.load(w + ch * K + (K - 1), mask=mr, other=0.0)[None, :]
+    for s in tl.static_range(1, K):  # u[n] reached c[n + s] through tap K-1-s
+        later = mn & (t + s < T) & (nn + s < N)
+        dc_later = _conv_gate_grad(dphi, u, w, conv_bias, y, gate_bias, e, nn + s, t + s, later, h, rr, mr, H, R, K,
+                                   HAS_CONV_BIAS, HAS_BIAS, SILU, BN, BR, BH)[0]
+        grad_u += tl.where(later[:, None], dc_later, 0.0) * tl.load(w + ch * K + (K - 1 - s), mask=mr, other=0.0)[None, :]
+    tl.store(du + nn[:, None] * (H * R) + ch[None, :], grad_u, mask=tile)
+
+
+@torch.library.custom_op("srope::conv_head_gate", mutates_args=())
+def _conv_gate_op(u: torch.Tensor, w: torch.Tensor, conv_bias: torch.Tensor | None, y: torch.Tensor, gate_bias: torch.Tensor,
+                  e: torch.Tensor | None, silu: bool) -> torch.Tensor:
+    batch, length, channels = u.shape
+    heads = y.shape[1]
+    u, w, y, gate_bias = u.contiguous(), w.contiguous(), y.contiguous(), gate_bias.contiguous()
+    phi = torch.empty(batch * length, heads, channels // heads, dtype=u.dtype, device=u.device)
+    block_n, blocks = _launch(phi)
+    if phi.shape[0]:
+        with on_device(u):
+            conv_gate_fwd_kernel[(blocks, heads)](
+                u, w, u if conv_bias is None else conv_bias.contiguous(), y, gate_bias, u if e is None else e.contiguous(), phi,
+                batch * length, length, K=w.shape[1], HAS_CONV_BIAS=conv_bias is not None, HAS_BIAS=e is not None, SILU=silu,
+                **_meta(heads, channels // heads, block_n), **pdl(u),
+            )
+    return phi
+
+
+@_conv_gate_op.register_fake
+def _(u, w, conv_bias, y, gate_bias, e, silu):
+    return u.new_empty((u.shape[0] * u.shape[1], y.shape[1], u.shape[2] // y.shape[1]))
+
+
+@torch.library.custom_op("srope::conv_head_gate_bwd", mutates_args=())
+def _conv_gate_bwd_op(
+    dphi: torch.Tensor, u: torch.Tensor, w: torch.Tensor, conv_bias: torch.Tensor | None, y: torch.Tensor, gate_bias: torch.Tensor,
+    e: torch.Tensor | None, silu: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns ``(du, dw, dconv_bias, dlogit [N, H], dgate_bias, de)`` (dconv_bias, de empty without them)."""
+    batch, length, channels = u.shape
+    heads = y.shape[1]
+    pairs = channels // heads
+    dphi = dphi.contiguous()
+    du = torch.empty_like(u)
+    count = batch * length
+    dlogit = torch.empty(count, heads, dtype=u.dtype, device=u.device)
+    block_n, blocks = _launch(dlogit, CONV_BWD_BLOCK_N)
+    partial_w = torch.empty(blocks, channels, w.shape[1], dtype=u.dtype, device=u.device)
+    partial_conv_bias = torch.empty(blocks if conv_bias is not None else 0, channels, dtype=u.dtype, device=u.device)
+    partial_bias = torch.empty(blocks, heads, dtype=u.dtype, device=u.device)
+    partial_e = torch.empty(blocks if e is not None else 0, heads, pairs, dtype=u.dtype, device=u.device)
+    if count:
+        with on_device(u):
+            conv_gate_bwd_kernel[(blocks, heads)](
+                dphi, u, w, u if conv_bias is None else conv_bias, y, gate_bias, u if e is None else e, du, dlogit,
+                partial_w, partial_conv_bias, partial_bias, partial_e, count, length, K=w.shape[1],
+                HAS_CONV_BIAS=conv_bias is not None, HAS_BIAS=e is not None, SILU=silu, **_meta(heads, pairs, block_n), **pdl(u),
+            )
+    return du, partial_w.sum(0), partial_conv_bias.sum(0), dlogit, partial_bias.sum(0), partial_e.sum(0)
+
+
+@_conv_gate_bwd_op.register_fake
+def _(dphi, u, w, conv_bias, y, gate_bias, e, silu):
+    count, heads = u.shape[0] * u.shape[1], y.shape[1]
+    return (torch.empty_like(u), torch.empty_like(w), u.new_empty((u.shape[2] if conv_bias is not None else 0,)),
+            u.new_empty((count, heads)), u.new_empty((heads,)), u.new_empty((heads, u.shape[2] // heads) if e is not None else (0,)))
+
+
+def _conv_gate_setup(ctx, inputs, output):
+    u, w, conv_bias, y, gate_bias, e, ctx.silu = inputs
+    ctx.has_conv_bias, ctx.has_bias = conv_bias is not None, e is not None
+    ctx.save_for_backward(u, w, conv_bias, y, gate_bias, e)
+
+
+def _conv_gate_backward(ctx, dphi):
+    u, w, conv_bias, y, gate_bias, e = ctx.saved_tensors
+    du, dw, dconv_bias, dlogit, dgate_bias, de = _conv_gate_bwd_op(
+        dphi, u, w, conv_bias if ctx.has_conv_bias else None, y, gate_bias, e if ctx.has_bias else None, ctx.silu
+    )
+    dy = dlogit[:, None, :].expand(y.shape)
+    return du, dw, dconv_bias if ctx.has_conv_bias else None, dy, dgate_bias, de if ctx.has_bias else None, None
+
+
+_conv_gate_op.register_autograd(_conv_gate_backward, setup_context=_conv_gate_setup)
+
+
+def conv_head_gate(
+    u: torch.Tensor,
+    weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    y: torch.Tensor,
+    gate_bias: torch.Tensor,
+    e: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """:func:`apply_head_gate` of ``c`` = the causal depthwise conv of every row of ``u``
+    (no padding, no packed sequences, zeros before each row's first token), fused.
+
+    Args:
+        u: ``[B, T, H·R]`` float32, the conv's input.
+        weight: ``[H·R, K]`` float32 taps, the current token last (:meth:`ShortConvolution.kernel`).
+        conv_bias: ``[H·R]`` float32 or None.
+        y, gate_bias, e, activation: as for :func:`apply_head_gate`.
+
+    Returns ``φ [B·T, H, R]``; differentiable in every tensor argument.
+    """
+    if u.dim() != 3:
+        raise ValueError(f"u must be [B, T, H·R], got {list(u.shape)}")
+    if y.dim() != 3 or y.shape[1] != y.shape[2] or y.shape[1] < 1 or y.shape[0] != u.shape[0] * u.shape[1]:
+        raise ValueError(f"y must be [B·T, H, H] with H >= 1 for u {list(u.shape)}, got {list(y.shape)}")
+    heads, channels = y.shape[1], u.shape[2]
+    if channels % heads or channels == 0:
+        raise ValueError(f"u's last dimension must be H·R with R >= 1 for H = {heads}, got {channels}")
+    _check("u", u, tuple(u.shape), u.device)
+    if weight.dim() != 2 or weight.shape[0] != channels or weight.shape[1] < 1:
+        raise ValueError(f"weight must be [H·R, K] = [{channels}, K] with K >= 1, got {list(weight.shape)}")
+    _check("weight", weight, tuple(weight.shape), u.device)
+    if conv_bias is not None:
+        _check("conv_bias", conv_bias, (channels,), u.device)
+    _check("y", y, tuple(y.shape), u.device)
+    _check("gate_bias", gate_bias, (heads,), u.device)
+    if e is not None:
+        _check("e", e, (heads, channels // heads), u.device)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    _check_device(u)
+    return _conv_gate_op(u, weight, conv_bias, y, gate_bias, e, activation is not None)
