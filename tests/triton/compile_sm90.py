@@ -119,6 +119,11 @@ def record_launches() -> list:
     for biases, silu in (((conv_bias, e), True), ((None, None), False)):
         head_gate._conv_gate_op(u, w, biases[0], y, gate_bias, biases[1], silu)
         head_gate._conv_gate_bwd_op(torch.zeros(64, 4, 64), u, w, biases[0], y, gate_bias, biases[1], silu)
+    # wider heads (head_dim 256) and a longer conv: fewer tokens per backward program
+    for pairs, width in ((128, 4), (64, 5)):
+        u, w, conv_bias, e = torch.zeros(2, 32, 4 * pairs), torch.zeros(4 * pairs, width), torch.zeros(4 * pairs), torch.zeros(4, pairs)
+        head_gate._conv_gate_op(u, w, conv_bias, y, gate_bias, e, True)
+        head_gate._conv_gate_bwd_op(torch.zeros(64, 4, pairs), u, w, conv_bias, y, gate_bias, e, True)
     return calls
 
 

@@ -38,10 +38,14 @@ import triton.language as tl
 from srope.ops.triton.kernels import await_predecessor
 from srope.ops.triton.ops import interpreting, on_device, pdl
 
-BLOCK_N = 64  # tokens per program (the interpreter: 16)
+BLOCK_N = 64  # tokens per program
+INTERPRET_BLOCK_N = 16  # under TRITON_INTERPRET=1 (quicker tests); 0: the GPU's
 # The conv-fused backward holds several [tokens, R] tiles at once (dc, the recomputed conv's
-# taps, du): at 64 tokens x 64 pairs and 4 warps ptxas spills them (tests/triton/compile_sm90.py).
-CONV_BWD_BLOCK_N = 32
+# taps, du): tokens per program such that ptxas keeps them in registers on sm_90 (64 tokens
+# spilled at R = 64, K = 4; 32 spilled at R = 128 or K = 5; tests/triton/compile_sm90.py).
+CONV_BWD_TILE = 32 * 64 * 4  # tokens x pairs (padded to a power of two) x max(taps, 4)
+# Offsets are int32 in the kernels: calls with more elements are refused.
+MAX_ELEMENTS = 2**31 - 1
 ACTIVATIONS = (None, "silu", "swish")  # the conv's (srope.ops.conv.ACTIVATIONS)
 
 
@@ -111,8 +115,17 @@ def apply_bwd_kernel(dphi, c, y, gate_bias, e, dc, dlogit, partial_bias, partial
 
 
 def _launch(x: torch.Tensor, block_n: int = BLOCK_N):
-    block_n = 16 if interpreting() else block_n
+    block_n = INTERPRET_BLOCK_N if interpreting() and INTERPRET_BLOCK_N else block_n
     return block_n, triton.cdiv(x.shape[0], block_n)
+
+
+def _conv_fwd_block_n(pairs: int) -> int:
+    return max(8, min(BLOCK_N, BLOCK_N * 64 // triton.next_power_of_2(pairs)))  # 64 x 128 spilled on sm_90
+
+
+def _conv_bwd_block_n(pairs: int, width: int) -> int:
+    fits = CONV_BWD_TILE // (triton.next_power_of_2(pairs) * max(width, 4))
+    return max(8, min(32, 1 << (fits.bit_length() - 1) if fits else 0))
 
 
 def _meta(heads: int, pairs: int, block_n: int) -> dict:
@@ -142,11 +155,13 @@ def _(c, y, gate_bias, e, silu):
 def _apply_bwd_op(
     dphi: torch.Tensor, c: torch.Tensor, y: torch.Tensor, gate_bias: torch.Tensor, e: torch.Tensor | None, silu: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns ``(dc, dlogit [N, H], dgate_bias, de)`` (de empty without a bias)."""
+    """Returns ``(dc, dlogit [N, H], dgate_bias, de)`` (de zeros without a bias)."""
     count, heads = y.shape[:2]
     pairs = c.shape[1] // heads
-    dphi = dphi.contiguous()
-    dc = torch.empty_like(c)
+    # autograd saved the forward's inputs as given: the kernel reads them packed
+    dphi, c, y, gate_bias = dphi.contiguous(), c.contiguous(), y.contiguous(), gate_bias.contiguous()
+    e = None if e is None else e.contiguous()
+    dc = torch.empty(c.shape, dtype=c.dtype, device=c.device)
     dlogit = torch.empty(count, heads, dtype=c.dtype, device=c.device)
     block_n, blocks = _launch(c)
     partial_bias = torch.empty(blocks, heads, dtype=c.dtype, device=c.device)
@@ -189,6 +204,13 @@ def _check(name: str, tensor: torch.Tensor, shape: tuple, device: torch.device) 
         raise ValueError(f"{name} is on {tensor.device}, expected {device} like the other inputs")
 
 
+def _check_size(*tensors: torch.Tensor) -> None:
+    for tensor in tensors:
+        if tensor.numel() > MAX_ELEMENTS:
+            raise ValueError(f"the fused head gate indexes with int32: at most {MAX_ELEMENTS:,} elements per tensor, "
+                             f"got {tensor.numel():,} ({list(tensor.shape)}); split the batch")
+
+
 def _check_device(x: torch.Tensor) -> None:
     if x.device.type != "cuda" and not interpreting():
         raise ValueError(f"the fused head gate needs CUDA tensors, or TRITON_INTERPRET=1; got {x.device}")
@@ -222,6 +244,7 @@ def apply_head_gate(
         _check("e", e, (heads, c.shape[1] // heads), c.device)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    _check_size(c, y)
     _check_device(c)
     return _apply_op(c, y, gate_bias, e, activation is not None)
 
@@ -324,7 +347,7 @@ def _conv_gate_op(u: torch.Tensor, w: torch.Tensor, conv_bias: torch.Tensor | No
     heads = y.shape[1]
     u, w, y, gate_bias = u.contiguous(), w.contiguous(), y.contiguous(), gate_bias.contiguous()
     phi = torch.empty(batch * length, heads, channels // heads, dtype=u.dtype, device=u.device)
-    block_n, blocks = _launch(phi)
+    block_n, blocks = _launch(phi, _conv_fwd_block_n(channels // heads))
     if phi.shape[0]:
         with on_device(u):
             conv_gate_fwd_kernel[(blocks, heads)](
@@ -349,11 +372,14 @@ def _conv_gate_bwd_op(
     batch, length, channels = u.shape
     heads = y.shape[1]
     pairs = channels // heads
-    dphi = dphi.contiguous()
-    du = torch.empty_like(u)
+    # autograd saved the forward's inputs as given: the kernel reads them packed
+    dphi, u, w, y, gate_bias = dphi.contiguous(), u.contiguous(), w.contiguous(), y.contiguous(), gate_bias.contiguous()
+    conv_bias = None if conv_bias is None else conv_bias.contiguous()
+    e = None if e is None else e.contiguous()
+    du = torch.empty(u.shape, dtype=u.dtype, device=u.device)
     count = batch * length
     dlogit = torch.empty(count, heads, dtype=u.dtype, device=u.device)
-    block_n, blocks = _launch(dlogit, CONV_BWD_BLOCK_N)
+    block_n, blocks = _launch(dlogit, _conv_bwd_block_n(pairs, w.shape[1]))
     partial_w = torch.empty(blocks, channels, w.shape[1], dtype=u.dtype, device=u.device)
     partial_conv_bias = torch.empty(blocks if conv_bias is not None else 0, channels, dtype=u.dtype, device=u.device)
     partial_bias = torch.empty(blocks, heads, dtype=u.dtype, device=u.device)
@@ -365,7 +391,8 @@ def _conv_gate_bwd_op(
                 partial_w, partial_conv_bias, partial_bias, partial_e, count, length, K=w.shape[1],
                 HAS_CONV_BIAS=conv_bias is not None, HAS_BIAS=e is not None, SILU=silu, **_meta(heads, pairs, block_n), **pdl(u),
             )
-    return du, partial_w.sum(0), partial_conv_bias.sum(0), dlogit, partial_bias.sum(0), partial_e.sum(0)
+    dconv_bias = partial_conv_bias.sum(0) if conv_bias is not None else u.new_empty(0)
+    return du, partial_w.sum(0), dconv_bias, dlogit, partial_bias.sum(0), partial_e.sum(0) if e is not None else u.new_empty(0)
 
 
 @_conv_gate_bwd_op.register_fake
@@ -432,5 +459,6 @@ def conv_head_gate(
         _check("e", e, (heads, channels // heads), u.device)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    _check_size(u, y)
     _check_device(u)
     return _conv_gate_op(u, weight, conv_bias, y, gate_bias, e, activation is not None)
