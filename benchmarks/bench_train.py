@@ -19,55 +19,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
 import torch
-from common import ROOT, environment, write_json
-
-
-def _git_commit() -> str | None:
-    if os.environ.get("SROPE_COMMIT"):
-        return os.environ["SROPE_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
+from common import environment, git_commit, train_cli, write_json
 
 
 def srope_train(args, position: str, mode: str) -> dict:
     """One ``srope train`` run in a subprocess; its own metrics."""
-    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
-        command = [sys.executable, "-m", "srope", "train", "--preset", args.preset, "--position", position, "--data", args.data,
-                   "--max-steps", str(args.steps), "--out", tmp,
-                   "--set", f"global_batch_size={args.batch}", "--set", f"micro_batch_size={args.batch}", "--set", f"seq_len={args.length}",
-                   "--set", f"checkpoint_every={10 * args.steps}", "--set", "eval_rows=8", "--set", "tensorboard=false"]  # fmt: skip
-        command += {"default": [], "eager": ["--set", "cuda_graph=off"], "compile": ["--set", "compile=true"]}[mode]
-        began = time.perf_counter()
-        result = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
-        record = {"position": position, "mode": mode, "command": " ".join(command[1:]).replace(tmp, "OUT"), "wall_s": time.perf_counter() - began}
-        metrics = Path(tmp) / "metrics.jsonl"
-        if result.returncode != 0 or not metrics.exists():
-            record["error"] = (result.stderr or result.stdout)[-1500:]
-            return record
-        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    timed = [r for r in rows if r["step"] > args.skip]
-    record |= {
-        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
-        "step_s": statistics.median(r["step_s"] for r in timed),
-        "peak_gib": max(r.get("peak_gib", float("nan")) for r in rows),
-        "first_steps_s": [round(r["step_s"], 3) for r in rows if r["step"] <= args.skip],
-        "loss": [round(r["loss"], 4) for r in rows],
-        "time_s": rows[-1].get("time_s"),
-        "report": [line for line in result.stderr.splitlines() if line[:6].strip() in ("data", "model", "out", "time", "logs")],
-    }
-    return record
+    command = [sys.executable, "-m", "srope", "train", "--preset", args.preset, "--position", position, "--data", args.data,
+               "--max-steps", str(args.steps),
+               "--set", f"global_batch_size={args.batch}", "--set", f"micro_batch_size={args.batch}", "--set", f"seq_len={args.length}",
+               "--set", f"checkpoint_every={10 * args.steps}", "--set", "eval_rows=8", "--set", "tensorboard=false"]  # fmt: skip
+    command += {"default": [], "eager": ["--set", "cuda_graph=off"], "compile": ["--set", "compile=true"]}[mode]
+    return {"position": position, "mode": mode} | train_cli(command, timeout=args.timeout, skip=args.skip)
 
 
 def fla_config(preset: str):
@@ -184,7 +153,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=400)
     parser.add_argument("--out", default="out/bench/train.json")
     args = parser.parse_args()
-    report = {"environment": environment() | {"commit": _git_commit()}, "command": " ".join(sys.argv), "args": vars(args), "train": [], "generate": []}
+    report = {"environment": environment() | {"commit": git_commit()}, "command": " ".join(sys.argv), "args": vars(args), "train": [], "generate": []}
     if args.repeats < 1 or args.generate_repeats < 1:
         parser.error("--repeats and --generate-repeats must be >= 1")
     train_jobs = [("train", srope_train, (args, p, m)) for m in args.modes.split(",") for p in args.positions.split(",")]

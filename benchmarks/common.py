@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import platform
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +48,41 @@ def environment() -> dict:
         # srope's kernels launched with programmatic dependent launch (SROPE_PDL)
         info["programmatic_dependent_launch"] = bool(pdl(torch.empty(0, device="cuda")))
     return info
+
+
+def git_commit() -> str | None:
+    """``SROPE_COMMIT`` (the device copy's .git, if any, can be older than its files), else HEAD."""
+    if os.environ.get("SROPE_COMMIT"):
+        return os.environ["SROPE_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def train_cli(command: list[str], *, timeout: float, skip: int) -> dict:
+    """Run a ``srope train`` command line (``--out`` a temporary folder is added) and read its
+    own metrics: tokens/s and step time are medians after the first ``skip`` steps
+    (autotuning, the graph's warm-up and capture), peak memory the largest ``peak_gib``."""
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        began = time.perf_counter()
+        result = subprocess.run([*command, "--out", tmp], capture_output=True, text=True, timeout=timeout, check=False)
+        record = {"command": " ".join(command).replace(sys.executable, "python"), "wall_s": time.perf_counter() - began}
+        metrics = Path(tmp) / "metrics.jsonl"
+        if result.returncode != 0 or not metrics.exists():
+            return record | {"error": (result.stderr or result.stdout)[-1500:]}
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    timed = [r for r in rows if r["step"] > skip] or rows
+    return record | {
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
+        "step_s": statistics.median(r["step_s"] for r in timed),
+        "peak_gib": max(r.get("peak_gib", float("nan")) for r in rows),
+        "first_steps_s": [round(r["step_s"], 3) for r in rows if r["step"] <= skip],
+        "loss": [round(r["loss"], 4) for r in rows],
+        "time_s": rows[-1].get("time_s"),
+        # what srope train said about the run (its description, a graph capture's fallback)
+        "report": [line for line in result.stdout.splitlines() if line[:6].strip() in ("data", "model", "out", "time", "logs") or "warning" in line],
+    }
 
 
 def median_ms(fn, *, dry_run: bool = False, warmup: int = 1, grad_to_none=None) -> float:

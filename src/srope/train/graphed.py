@@ -13,6 +13,10 @@ captured and replayed. They are all real training steps. AdamW runs with ``captu
 and a learning rate held in a device tensor that each step fills. The NaN guard reads the
 loss and gradient norm after the replay, so a non-finite step has already been applied when
 it stops the run (the last checkpoint is intact).
+
+With several processes (DDP) the gradients are views into a flat buffer
+(:class:`~srope.train.distributed.FlatGradients`) that one NCCL all-reduce averages inside
+the graph, before clipping; every rank replays the same graph on its own micro-batches.
 """
 
 from __future__ import annotations
@@ -28,13 +32,23 @@ class StepGraph:
     """``step(parts, lr)`` runs one optimiser step on the micro-batches ``parts`` (``Batch``
     objects of equal shape) and returns the (device) summed token loss and gradient norm."""
 
-    def __init__(self, model, optimizer, params, *, loss_sum, parts: int, micro: int, seq_len: int, grad_clip: float, targets: int, warmup: int = 2):
+    def __init__(self, model, optimizer, params, *, loss_sum, parts: int, micro: int, seq_len: int, grad_clip: float, targets: int,
+                 warmup: int = 2, world=None, flat_gradients=None, global_targets: int | None = None):  # fmt: skip
+        """``targets``: this rank's targets a step; with several ranks, ``world``,
+        ``flat_gradients`` (a FlatGradients over ``params``) and ``global_targets``, the
+        targets of all ranks together (the loss is their token mean, as in the eager step)."""
         device = next(iter(params)).device
         if device.type != "cuda":
             raise ValueError(f"a CUDA graph needs the model on a CUDA device, got {device}")
+        distributed = world is not None and world.distributed
+        if distributed and (flat_gradients is None or global_targets is None):
+            raise ValueError("a captured step of several processes needs flat_gradients and global_targets")
         self.model, self.optimizer, self.params, self.loss_sum_fn = model, optimizer, params, loss_sum
         self.grad_clip, self.targets, self.warmup = grad_clip, targets, warmup
-        self.scale = 1 / torch.tensor(float(targets), dtype=torch.float32, device=device)  # as the eager step scales
+        self.world, self.flat = (world, flat_gradients) if distributed else (None, None)
+        # as the eager step scales: the ranks' mean of (size / global targets) x their sums
+        per_rank = global_targets / world.size if distributed else targets
+        self.scale = 1 / torch.tensor(float(per_rank), dtype=torch.float32, device=device)
         self.ids = torch.zeros((parts, micro, seq_len), dtype=torch.long, device=device)
         self.labels = torch.zeros((parts, micro, seq_len), dtype=torch.long, device=device)
         for group in optimizer.param_groups:
@@ -45,10 +59,14 @@ class StepGraph:
 
     def _compute(self) -> tuple[torch.Tensor, torch.Tensor]:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.ids.device)
+        if self.flat is not None:
+            self.flat.attach()
         for ids, labels in zip(self.ids, self.labels):
             part = self.loss_sum_fn(ids, labels)
             (part * self.scale).backward()
             loss_sum += part.detach().double()
+        if self.flat is not None:
+            self.flat.average(self.world)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip or float("inf"))
         self.optimizer.step()
         return loss_sum, grad_norm
@@ -74,7 +92,9 @@ class StepGraph:
             self.optimizer.zero_grad(set_to_none=True)  # the gradients live in the graph's memory pool
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph):
+                # NCCL's watchdog thread queries events while this thread captures: only this
+                # thread's calls must be capture-safe
+                with torch.cuda.graph(graph, capture_error_mode="thread_local" if self.world else "global"):
                     self.outputs = self._compute()
             except RuntimeError as error:  # nothing ran: a capture records the kernels, it does not execute them
                 self.optimizer.zero_grad(set_to_none=True)

@@ -38,7 +38,7 @@ from srope.models.configuration import position_class
 from srope.overrides import coerce, parse_literal
 from srope.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from srope.train.data import IGNORE_INDEX, PackedBatches, eval_batches, load_corpus
-from srope.train.distributed import World, close_world, init_world, unwrap, wrap_model
+from srope.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
 from srope.train.graphed import GraphCaptureError, StepGraph
 from srope.train.stops import StopRequested, StopSignals
 from srope.train.optim import build_optimizer, warmup_cosine
@@ -77,8 +77,9 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "auto"  # autocast dtype: "auto" = bfloat16 on CUDA, float32 on the CPU
     compile: bool = False
-    cuda_graph: str = "auto"  # capture the step (compiled or not) as a CUDA graph: "auto" (one CUDA process, concat packing), "on", "off"
+    cuda_graph: str = "auto"  # capture the step (compiled or not) as a CUDA graph: "auto" (CUDA, concat packing, not FSDP2), "on", "off"
     parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2) when torchrun starts several processes
+    fsdp_param_dtype: str = "auto"  # FSDP2 gathers parameters in: "auto" = the autocast dtype, "float32"
     checkpoint_every: int = 100
     eval_every: int = 0  # 0: only at the end
     eval_rows: int = 64
@@ -106,6 +107,8 @@ class TrainConfig:
             raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {out.dtype!r}")
         if out.val_fraction is not None and not (isinstance(out.val_fraction, float) and 0 < out.val_fraction < 1):
             raise ValueError(f"val_fraction must be a number in (0, 1), got {out.val_fraction!r}")
+        if out.fsdp_param_dtype not in ("auto", "float32"):
+            raise ValueError(f"fsdp_param_dtype must be 'auto' (the autocast dtype) or 'float32', got {out.fsdp_param_dtype!r}")
         if out.cuda_graph not in ("auto", "on", "off"):
             raise ValueError(f"cuda_graph must be 'auto', 'on' or 'off', got {out.cuda_graph!r}")
         if out.micro_batch_size is not None and (not isinstance(out.micro_batch_size, int) or out.micro_batch_size < 1):
@@ -278,12 +281,15 @@ class _Phases:
         return {name: round(value, 3) for name, value in self.seconds.items()}
 
 
-def _eager_step(model, optimizer, params, parts, lr: float, targets: torch.Tensor, world: World, autocast, grad_clip: float):
+def _eager_step(model, optimizer, params, parts, lr: float, targets: torch.Tensor, world: World, autocast, grad_clip: float, flat: FlatGradients | None):
     """Forward and backward of every micro-batch, then clipping; returns the summed token
-    loss of this rank and the gradient norm (the caller checks both, then steps)."""
+    loss of this rank and the gradient norm (the caller checks both, then steps). With
+    ``flat`` (DDP without its wrapper) the ranks' gradients are averaged here."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     loss_sum = torch.zeros((), dtype=torch.float64, device=world.device)
+    if flat is not None:
+        flat.attach()
     for i, part in enumerate(parts):
         sync = i == len(parts) - 1 or not hasattr(model, "no_sync")
         with model.no_sync() if not sync else contextlib.nullcontext():
@@ -291,6 +297,8 @@ def _eager_step(model, optimizer, params, parts, lr: float, targets: torch.Tenso
             # DDP averages gradients over ranks; scale so the result is the global token mean.
             (part_loss * (world.size / targets.to(part_loss.dtype))).backward()
         loss_sum += part_loss.detach().double()
+    if flat is not None:
+        flat.average(world)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip or float("inf"))
     return loss_sum, grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2: a DTensor
 
@@ -325,7 +333,7 @@ def _use_cuda_graph(config: TrainConfig, world: World) -> bool:
         reason
         for reason, applies in (
             (f"the device is {world.device.type}, not CUDA", world.device.type != "cuda"),
-            (f"{world.size} processes (one is needed)", world.size > 1),
+            ("FSDP2 gathers and frees the parameters inside the step", world.size > 1 and config.parallel == "fsdp"),
             ("packing='documents' changes the shapes from step to step", config.packing != "concat"),
         )
         if applies
@@ -342,13 +350,19 @@ def _describe(corpus, config: TrainConfig, model, autocast_dtype, world: World, 
     rows = (corpus.train.num_tokens - 1) // config.seq_len
     epochs = config.max_steps * config.global_batch_size / max(rows, 1)
     precision = f"float32 weights, {'bfloat16 autocast' if autocast_dtype is not None else 'float32'}"
+    graphed = _use_cuda_graph(config, world)
+    parallel = ""
+    if world.size > 1:
+        gathered = "bfloat16" if config.fsdp_param_dtype == "auto" and autocast_dtype is not None else "float32"
+        parallel = {"ddp": ", DDP" + (" (one all-reduce of the flat gradients in the graph)" if graphed else ""),
+                    "fsdp": f", FSDP2 (parameters gathered in {gathered}, gradients reduced in float32)"}[config.parallel]  # fmt: skip
     return [
         f"data   {config.data}: train {corpus.train.num_tokens:,} tokens in {corpus.train.num_documents:,} documents, "
         f"val {corpus.val.num_tokens:,} tokens in {corpus.val.num_documents:,} (token store {corpus.path})",
         f"       {config.max_steps} steps x {config.global_batch_size} rows of {config.seq_len} tokens = {epochs:.2f} epochs",
         f"model  {config.preset}, {mc.mixer} + {mc.position['type']}: {params / 1e6:.2f}M parameters, {mc.num_hidden_layers} layers, "
         f"hidden {mc.hidden_size}; {world.device}{f' x {world.size} processes' if world.size > 1 else ''}, {precision}"
-        f"{', torch.compile' if config.compile else ''}{', the step as a CUDA graph' if _use_cuda_graph(config, world) else ''}",
+        f"{parallel}{', torch.compile' if config.compile else ''}{', the step as a CUDA graph' if graphed else ''}",
         f"out    {out}: checkpoints/ every {config.checkpoint_every} steps, metrics.jsonl"
         f"{', tensorboard/' if config.tensorboard else ''}, model/ at the end",
     ]
@@ -374,18 +388,22 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         _check_data(corpus, config, world)
         loader = PackedBatches(corpus.train, config.seq_len, config.global_batch_size, rank=world.rank, world_size=world.size, seed=config.seed, packing=config.packing)
 
-    # Model: the same seed on every rank gives identical initial weights.
-    with phases("model"):
-        torch.manual_seed(config.seed)
-        model = SRopeForCausalLM(config.model_config(corpus.vocab_size)).to(world.device)
-        model = wrap_model(model, world, config.parallel)
-        if config.compile:
-            model = torch.compile(model)
-        optimizer = build_optimizer(unwrap(model), lr=config.lr, weight_decay=config.weight_decay, betas=(config.beta1, config.beta2), eps=config.eps)
     autocast_dtype = torch.bfloat16 if config.dtype == "bfloat16" or (config.dtype == "auto" and world.device.type == "cuda") else None
     # no weight-cast cache: the same casts either way, and a CUDA graph capture needs none
     autocast = torch.autocast(world.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None, cache_enabled=False)
     graphed = _use_cuda_graph(config, world)
+    # DDP's hooks cannot be captured: a captured step averages flat gradients itself
+    flat_gradients = graphed and world.distributed and config.parallel == "ddp"
+
+    # Model: the same seed on every rank gives identical initial weights.
+    with phases("model"):
+        torch.manual_seed(config.seed)
+        model = SRopeForCausalLM(config.model_config(corpus.vocab_size)).to(world.device)
+        param_dtype = autocast_dtype if config.fsdp_param_dtype == "auto" else None
+        model = wrap_model(model, world, config.parallel, flat_gradients=flat_gradients, param_dtype=param_dtype)
+        if config.compile:
+            model = torch.compile(model)
+        optimizer = build_optimizer(unwrap(model), lr=config.lr, weight_decay=config.weight_decay, betas=(config.beta1, config.beta2), eps=config.eps)
 
     start = 0
     if resume:
@@ -406,6 +424,7 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         (out / "train_config.json").write_text(json.dumps(asdict(config), indent=2))
     log = MetricsLog(out, world, config.tensorboard, start)
     params = [p for p in model.parameters() if p.requires_grad]
+    flat = FlatGradients(params) if flat_gradients else None
     last = config.max_steps if stop_after is None else min(stop_after, config.max_steps)
     metrics: dict = {}
     saved_at = start
@@ -433,6 +452,7 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
                     step_graph = StepGraph(
                         model, optimizer, params, loss_sum=lambda ids, labels: summed_loss(model, ids, labels, None, autocast),
                         parts=len(parts), micro=micro, seq_len=config.seq_len, grad_clip=config.grad_clip, targets=batch.num_targets,
+                        world=world, flat_gradients=flat, global_targets=int(targets),
                     )  # fmt: skip
                 try:
                     result = step_graph.step(parts, lr)
@@ -442,7 +462,7 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
                     graphed = False
                     tqdm.write(f"warning: {error}; training on without a CUDA graph (--set cuda_graph=off skips the attempt)")
             if result is None:
-                result = _eager_step(model, optimizer, params, parts, lr, targets, world, autocast, config.grad_clip)
+                result = _eager_step(model, optimizer, params, parts, lr, targets, world, autocast, config.grad_clip, flat)
             loss_sum, grad_norm = result
             loss = float(world.sum(loss_sum) / targets)
             _check_finite(loss, float(grad_norm), step, out)
