@@ -113,7 +113,7 @@ def record_launches() -> list:
         head_gate._apply_op(c, y, gate_bias, bias, silu)
         head_gate._apply_bwd_op(torch.zeros(64, 4, 64), c, y, gate_bias, bias, silu)
     # and with the conv fused in (4 taps; with and without the conv's bias, e and SiLU)
-    for name in ("conv_gate_fwd_kernel", "conv_gate_bwd_kernel"):
+    for name in ("conv_gate_fwd_kernel", "conv_gate_bwd_kernel", "conv_taps_bwd_kernel"):
         setattr(head_gate, name, Recorder(getattr(head_gate, name), name, calls))
     u, w, conv_bias = torch.zeros(2, 32, 256), torch.zeros(256, 4), torch.zeros(256)
     for biases, silu in (((conv_bias, e), True), ((None, None), False)):

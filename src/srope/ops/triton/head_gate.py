@@ -40,9 +40,9 @@ from srope.ops.triton.ops import interpreting, on_device, pdl
 
 BLOCK_N = 64  # tokens per program
 INTERPRET_BLOCK_N = 16  # under TRITON_INTERPRET=1 (quicker tests); 0: the GPU's
-# The conv-fused backward holds several [tokens, R] tiles at once (dc, the recomputed conv's
-# taps, du): tokens per program such that ptxas keeps them in registers on sm_90 (64 tokens
-# spilled at R = 64, K = 4; 32 spilled at R = 128 or K = 5; tests/triton/compile_sm90.py).
+# The conv-fused backward's first pass holds several [tokens, R] tiles at once (dφ, the
+# recomputed conv, dc, the taps for dw): tokens per program such that ptxas keeps them in
+# registers on sm_90 (64 tokens spilled at R = 64, K = 4; tests/triton/compile_sm90.py).
 CONV_BWD_TILE = 32 * 64 * 4  # tokens x pairs (padded to a power of two) x max(taps, 4)
 # Offsets are int32 in the kernels: calls with more elements are refused.
 MAX_ELEMENTS = 2**31 - 1
@@ -256,11 +256,14 @@ def apply_head_gate(
 #
 #     c[n, ch] = Σ_j w[ch, j] · u[n - (K-1) + j, ch] + b[ch]     (taps before the row's start: 0)
 #
-# The forward reads u's K taps per token from the cache instead of reading c; the backward
-# recomputes c and the gate at the K tokens each u[n] reached (n .. n+K-1 in its row) to form
-# du = Σ_s w[:, K-1-s] · dc[n+s] in one pass, and sums dw and db per block like the gate's
-# bias. This drops the conv's own kernels and launches (fla's conv costs about 1.3 ms of host
-# time per call and backward, ten times its kernels' time) and c's round trip through memory.
+# The forward reads u's K taps per token from the cache instead of reading c. The backward
+# recomputes c and the gate once per token to form dc, which it stores (float32) with dw's
+# and db's per-block partial sums; a second kernel sums du[n] = Σ_s w[:, K-1-s] · dc[n+s]
+# over the later tokens of n's row. (Recomputing dc at each of the K tokens that u[n]
+# reached instead, in one kernel, ran 2.7x slower than fla's conv and the gate's backward
+# together.) This drops the conv's own kernels and launches (fla's conv costs about 1.3 ms
+# of host time per call and backward, ten times its kernels' time) and c's round trip
+# through memory in the forward.
 
 
 @triton.jit
@@ -305,12 +308,13 @@ def _conv_gate_grad(dphi, u, w, conv_bias, y, gate_bias, e, nn, t, mn, h, rr, mr
 
 
 @triton.jit
-def conv_gate_bwd_kernel(dphi, u, w, conv_bias, y, gate_bias, e, du, dlogit, partial_w, partial_conv_bias, partial_bias,
+def conv_gate_bwd_kernel(dphi, u, w, conv_bias, y, gate_bias, e, dc_out, dlogit, partial_w, partial_conv_bias, partial_bias,
                          partial_e, N, T, H: tl.constexpr, R: tl.constexpr, K: tl.constexpr, HAS_CONV_BIAS: tl.constexpr,
                          HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                          PDL: tl.constexpr = False):
-    """du, dlogit and per-block partial sums of dw ``[C, K]``, db ``[C]``, the gate bias's
-    gradient ``[H]`` and (with a bias) de ``[H, R]``."""
+    """The first pass: dc (the conv output's gradient, float32), dlogit and per-block partial
+    sums of dw ``[C, K]``, db ``[C]``, the gate bias's gradient ``[H]`` and (with a bias) de
+    ``[H, R]``."""
     await_predecessor(PDL)
     pn, h = tl.program_id(0), tl.program_id(1)
     nn = pn * BN + tl.arange(0, BN)
@@ -318,9 +322,9 @@ def conv_gate_bwd_kernel(dphi, u, w, conv_bias, y, gate_bias, e, du, dlogit, par
     mn, mr = nn < N, rr < R
     t = nn % T
     ch = h * R + rr
-    tile = mn[:, None] & mr[None, :]
     dc, scaled, logit_grad = _conv_gate_grad(dphi, u, w, conv_bias, y, gate_bias, e, nn, t, mn, h, rr, mr, H, R, K,
                                              HAS_CONV_BIAS, HAS_BIAS, SILU, BN, BR, BH)
+    tl.store(dc_out + nn[:, None] * (H * R) + ch[None, :], dc, mask=mn[:, None] & mr[None, :])
     tl.store(dlogit + nn * H + h, logit_grad, mask=mn)
     tl.store(partial_bias + pn * H + h, tl.sum(logit_grad, axis=0))
     if HAS_BIAS:
@@ -331,13 +335,25 @@ def conv_gate_bwd_kernel(dphi, u, w, conv_bias, y, gate_bias, e, du, dlogit, par
         ok = mn & (t >= K - 1 - j)
         taps = tl.load(u + (nn - (K - 1 - j))[:, None] * (H * R) + ch[None, :], mask=ok[:, None] & mr[None, :], other=0.0)
         tl.store(partial_w + (pn * H * R + ch) * K + j, tl.sum(dc * taps, axis=0), mask=mr)
-    grad_u = dc * tl.load(w + ch * K + (K - 1), mask=mr, other=0.0)[None, :]
-    for s in tl.static_range(1, K):  # u[n] reached c[n + s] through tap K-1-s
-        later = mn & (t + s < T) & (nn + s < N)
-        dc_later = _conv_gate_grad(dphi, u, w, conv_bias, y, gate_bias, e, nn + s, t + s, later, h, rr, mr, H, R, K,
-                                   HAS_CONV_BIAS, HAS_BIAS, SILU, BN, BR, BH)[0]
-        grad_u += tl.where(later[:, None], dc_later, 0.0) * tl.load(w + ch * K + (K - 1 - s), mask=mr, other=0.0)[None, :]
-    tl.store(du + nn[:, None] * (H * R) + ch[None, :], grad_u, mask=tile)
+
+
+@triton.jit
+def conv_taps_bwd_kernel(dc, w, du, N, T, H: tl.constexpr, R: tl.constexpr, K: tl.constexpr, BN: tl.constexpr,
+                         BR: tl.constexpr, PDL: tl.constexpr = False):
+    """The second pass: ``du[n] = Σ_s w[:, K-1-s] · dc[n+s]`` over the tokens of n's row."""
+    await_predecessor(PDL)
+    nn = tl.program_id(0) * BN + tl.arange(0, BN)
+    h = tl.program_id(1)
+    rr = tl.arange(0, BR)
+    mn, mr = nn < N, rr < R
+    t = nn % T
+    ch = h * R + rr
+    acc = tl.zeros((BN, BR), dtype=tl.float32)
+    for s in tl.static_range(K):  # u[n] reached c[n + s] through tap K-1-s
+        later = mn & (t + s < T)
+        grad = tl.load(dc + (nn + s)[:, None] * (H * R) + ch[None, :], mask=later[:, None] & mr[None, :], other=0.0)
+        acc += grad * tl.load(w + ch * K + (K - 1 - s), mask=mr, other=0.0)[None, :]
+    tl.store(du + nn[:, None] * (H * R) + ch[None, :], acc, mask=mn[:, None] & mr[None, :])
 
 
 @torch.library.custom_op("srope::conv_head_gate", mutates_args=())
@@ -378,6 +394,7 @@ def _conv_gate_bwd_op(
     e = None if e is None else e.contiguous()
     du = torch.empty(u.shape, dtype=u.dtype, device=u.device)
     count = batch * length
+    dc = torch.empty(count, channels, dtype=torch.float32, device=u.device)
     dlogit = torch.empty(count, heads, dtype=u.dtype, device=u.device)
     block_n, blocks = _launch(dlogit, _conv_bwd_block_n(pairs, w.shape[1]))
     partial_w = torch.empty(blocks, channels, w.shape[1], dtype=u.dtype, device=u.device)
@@ -387,10 +404,13 @@ def _conv_gate_bwd_op(
     if count:
         with on_device(u):
             conv_gate_bwd_kernel[(blocks, heads)](
-                dphi, u, w, u if conv_bias is None else conv_bias, y, gate_bias, u if e is None else e, du, dlogit,
+                dphi, u, w, u if conv_bias is None else conv_bias, y, gate_bias, u if e is None else e, dc, dlogit,
                 partial_w, partial_conv_bias, partial_bias, partial_e, count, length, K=w.shape[1],
                 HAS_CONV_BIAS=conv_bias is not None, HAS_BIAS=e is not None, SILU=silu, **_meta(heads, pairs, block_n), **pdl(u),
             )
+            taps_n, taps_blocks = _launch(dlogit, _conv_fwd_block_n(pairs))
+            conv_taps_bwd_kernel[(taps_blocks, heads)](dc, w, du, count, length, H=heads, R=pairs, K=w.shape[1], BN=taps_n,
+                                                       BR=triton.next_power_of_2(pairs), **pdl(u))
     dconv_bias = partial_conv_bias.sum(0) if conv_bias is not None else u.new_empty(0)
     return du, partial_w.sum(0), dconv_bias, dlogit, partial_bias.sum(0), partial_e.sum(0) if e is not None else u.new_empty(0)
 
