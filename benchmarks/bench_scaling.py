@@ -28,11 +28,20 @@ from common import environment, git_commit, train_cli, write_json
 # NVLink multicast stays off on the lent machines (it can take a shared host's GPUs down).
 SAFE_NCCL = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-DEFAULT_JOBS = ",".join(
-    f"gla-370m:{position}:{n}:{parallel}"
-    for position in ("selective_rope", "nope")
-    for n, parallel in ((1, "ddp"), (2, "ddp"), (2, "fsdp"))
-)
+def default_jobs(gpus: list[int]) -> str:
+    """Selective RoPE then NoPE at gla-370m: one GPU, then DDP and FSDP2 on each larger count;
+    the eager path (one GPU and DDP's module) for Selective RoPE, FSDP2's own path; then
+    gla-1.3b with FSDP2 on the most GPUs and on one."""
+    many = [n for n in gpus if n > 1]
+    jobs = []
+    for position in ("selective_rope", "nope"):
+        jobs += [f"gla-370m:{position}:1:ddp"]
+        jobs += [f"gla-370m:{position}:{n}:{parallel}" for n in many for parallel in ("ddp", "fsdp")]
+        if position == "selective_rope":
+            jobs += ["gla-370m:selective_rope:1:ddp:eager"] + [f"gla-370m:selective_rope:{n}:ddp:eager" for n in many]
+    if many:
+        jobs += [f"gla-1.3b:selective_rope:{max(many)}:fsdp", "gla-1.3b:selective_rope:1:ddp"]
+    return ",".join(jobs)
 
 
 def parse_job(spec: str) -> dict:
@@ -67,27 +76,35 @@ def run_job(job: dict, args) -> dict:
 
 
 def summarise(runs: list[dict]) -> list[dict]:
-    """Efficiency and loss agreement of every run against one GPU of its preset, position and mode."""
-    ones = {(r["preset"], r["position"], r["mode"]): r for r in runs if r["gpus"] == 1 and "tokens_per_s" in r}
-    for r in runs:
+    """Efficiency and loss agreement of every run against one GPU of its preset, position and
+    mode (what a user compares), and, where the path differs (FSDP2 runs eagerly where one
+    GPU's default is a CUDA graph), against one GPU on the same path (what the parallelism
+    costs)."""
+    done = [r for r in runs if "tokens_per_s" in r]
+    ones = {(r["preset"], r["position"], r["mode"]): r for r in done if r["gpus"] == 1}
+    same_path = {(r["preset"], r["position"], r["cuda_graph"]): r for r in done if r["gpus"] == 1}
+    for r in done:
         one = ones.get((r["preset"], r["position"], r["mode"]))
-        if one is None or "tokens_per_s" not in r:
-            continue
-        r["speedup"] = r["tokens_per_s"] / one["tokens_per_s"]
-        r["efficiency"] = r["speedup"] / r["gpus"]
-        r["max_loss_diff_vs_1gpu"] = max(abs(a - b) for a, b in zip(r["loss"], one["loss"]))
+        if one is not None:
+            r["speedup"] = r["tokens_per_s"] / one["tokens_per_s"]
+            r["efficiency"] = r["speedup"] / r["gpus"]
+            r["max_loss_diff_vs_1gpu"] = max(abs(a - b) for a, b in zip(r["loss"], one["loss"]))
+        path = same_path.get((r["preset"], r["position"], r["cuda_graph"]))
+        if path is not None:
+            r["efficiency_same_path"] = r["tokens_per_s"] / path["tokens_per_s"] / r["gpus"]
     return runs
 
 
 def table(runs: list[dict]) -> str:
-    lines = ["| preset | position | GPUs | parallel | mode | graph | tokens/s | per GPU | speed-up | efficiency | peak GiB (rank 0) | max loss diff vs 1 GPU |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| preset | position | GPUs | parallel | mode | graph | tokens/s | per GPU | speed-up | efficiency | efficiency, same path | peak GiB (rank 0) | max loss diff vs 1 GPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in runs:
         if "tokens_per_s" not in r:
-            lines.append(f"| {r['preset']} | {r['position']} | {r['gpus']} | {r['parallel']} | {r['mode']} | | failed: {r['error'].strip().splitlines()[-1][:120]} |||||")
+            lines.append(f"| {r['preset']} | {r['position']} | {r['gpus']} | {r['parallel']} | {r['mode']} | | failed: {r['error'].strip().splitlines()[-1][:120]} ||||||")
             continue
         lines.append(f"| {r['preset']} | {r['position']} | {r['gpus']} | {r['parallel']} | {r['mode']} | {'yes' if r['cuda_graph'] else 'no'} | {r['tokens_per_s']:,.0f} "
                      f"| {r['tokens_per_s_per_gpu']:,.0f} | {r.get('speedup', float('nan')):.2f} | {r.get('efficiency', float('nan')):.2f} "
+                     f"| {r.get('efficiency_same_path', float('nan')):.2f} "
                      f"| {r['peak_gib']:.1f} | {r.get('max_loss_diff_vs_1gpu', float('nan')):.4f} |")  # fmt: skip
     return "\n".join(lines)
 
@@ -95,7 +112,8 @@ def table(runs: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="a prepared token store (srope data prepare prints it)")
-    parser.add_argument("--jobs", default=DEFAULT_JOBS, help="comma-separated PRESET:POSITION:N:ddp|fsdp[:MODE], run in this order")
+    parser.add_argument("--gpus", default="1,2", help="GPU counts of the default jobs (default_jobs)")
+    parser.add_argument("--jobs", default=None, help="comma-separated PRESET:POSITION:N:ddp|fsdp[:MODE], run in this order (default: default_jobs)")
     parser.add_argument("--batch", type=int, default=16, help="global batch (rows), the same for every N")
     parser.add_argument("--micro", type=int, default=8, help="largest micro-batch per rank")
     parser.add_argument("--length", type=int, default=4096)
@@ -105,7 +123,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: processes of gloo on the CPU (the plumbing's test)")
     parser.add_argument("--out", default="out/bench/scaling.json")
     args = parser.parse_args()
-    jobs = [parse_job(spec) for spec in args.jobs.split(",")]
+    jobs = [parse_job(spec) for spec in (args.jobs or default_jobs([int(n) for n in args.gpus.split(",")])).split(",")]
     visible = torch.cuda.device_count() if args.device == "cuda" else os.cpu_count()
     for name, value in SAFE_NCCL.items():
         os.environ[name] = value

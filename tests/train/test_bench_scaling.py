@@ -30,6 +30,18 @@ def test_bench_scaling_runs_torchrun_and_compares_with_one_process(store, tmp_pa
     assert one["efficiency"] == 1.0 and len(one["loss"]) == 3 and not one["cuda_graph"]  # no graph on the CPU
     assert two["gpus"] == 2 and two["tokens_per_s_per_gpu"] == two["tokens_per_s"] / 2
     assert two["max_loss_diff_vs_1gpu"] < 1e-4  # the same global batch: the same losses
+    assert two["efficiency_same_path"] == two["efficiency"]  # no graph on the CPU: one path
     assert three["error"].startswith("needs 999 GPUs")
     table = out.with_suffix(".md").read_text()
     assert "| gla-tiny | selective_rope | 2 | ddp | default | no |" in table and "failed" in table
+
+
+def test_default_jobs_cover_each_gpu_count_and_both_parallel_modes(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from bench_scaling import default_jobs, parse_job
+
+    jobs = [parse_job(spec) for spec in default_jobs([1, 2, 4]).split(",")]
+    assert {(j["gpus"], j["parallel"]) for j in jobs if j["preset"] == "gla-370m" and j["mode"] == "default"} == {
+        (1, "ddp"), (2, "ddp"), (2, "fsdp"), (4, "ddp"), (4, "fsdp")}
+    assert any(j["preset"] == "gla-1.3b" and j["parallel"] == "fsdp" and j["gpus"] == 4 for j in jobs)
+    assert default_jobs([1]).count("fsdp") == 0
