@@ -94,7 +94,7 @@ class StepGraph:
             try:
                 # NCCL's watchdog thread queries events while this thread captures: only this
                 # thread's calls must be capture-safe
-                with torch.cuda.graph(graph, capture_error_mode="thread_local" if self.world else "global"):
+                with torch.cuda.graph(graph, capture_error_mode="thread_local" if self.world is not None else "global"):
                     self.outputs = self._compute()
             except RuntimeError as error:  # nothing ran: a capture records the kernels, it does not execute them
                 self.optimizer.zero_grad(set_to_none=True)
