@@ -259,10 +259,9 @@ def apply_head_gate(
 # The forward reads u's K taps per token from the cache instead of reading c. The backward
 # recomputes c and the gate once per token to form dc, which it stores (float32) with dw's
 # and db's per-block partial sums; a second kernel sums du[n] = Σ_s w[:, K-1-s] · dc[n+s]
-# over the later tokens of n's row. (Recomputing dc at each of the K tokens that u[n]
-# reached instead, in one kernel, ran 2.7x slower than fla's conv and the gate's backward
-# together.) This drops the conv's own kernels and launches (fla's conv costs about 1.3 ms
-# of host time per call and backward, ten times its kernels' time) and c's round trip
+# over the later tokens of n's row (recomputing dc at each of the K tokens that u[n] reached
+# would repeat the conv and the gate K times). This drops the conv's own kernels and
+# launches, whose host time is about ten times their kernels' time, and c's round trip
 # through memory in the forward.
 
 
