@@ -114,6 +114,22 @@ def test_fla_route_equals_torch_route(fake_fla, name, with_state, activation):
         assert not outs["fla"][0][~layout.mask].any()
 
 
+@pytest.mark.parametrize("backend", ["torch", "fla"])
+@pytest.mark.parametrize("name", ["dense", "right_pad", "packed"])
+def test_without_want_state_no_state_and_the_same_output(fake_fla, name, backend):
+    batch, length, channels, width = 3, 9, 5, 4
+    count, layout = layouts(batch, length)[name]
+    gen = generator(12)
+    shape = (1, batch * length, channels) if name == "packed" else (batch, length, channels)
+    x = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    weight = torch.randn(channels, width, generator=gen, dtype=torch.float64)
+    state = torch.randn(count, channels, width - 1, generator=gen, dtype=torch.float64)
+    y, final = short_conv(x, weight, layout, state, activation="silu", backend=backend)
+    y_alone, none = short_conv(x, weight, layout, state, activation="silu", backend=backend, want_state=False)
+    assert final is not None and final.shape == (count, channels, width - 1)
+    assert none is None and torch.equal(y_alone, y)
+
+
 def test_auto_takes_fla_from_fla_min_tokens_on(fake_fla):
     weight = torch.randn(3, 4, dtype=torch.float64)
     for length in (1, conv_ops.FLA_MIN_TOKENS - 1, conv_ops.FLA_MIN_TOKENS):

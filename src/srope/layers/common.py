@@ -56,13 +56,14 @@ class QKVConvolutions(nn.Module):
         super().__init__()
         self.convs = nn.ModuleList(ShortConvolution(width, kernel_size, activation="silu") for width in widths)
 
-    def forward(self, tensors, layout: RowLayout, states=None):
+    def forward(self, tensors, layout: RowLayout, states=None, want_state: bool = True):
+        """The convolved tensors and their final states (None without ``want_state``)."""
         outputs, new_states = [], []
         for i, (conv, x) in enumerate(zip(self.convs, tensors)):
-            y, state = conv(x, layout, None if states is None else states[i])
+            y, state = conv(x, layout, None if states is None else states[i], want_state=want_state)
             outputs.append(y)
             new_states.append(state)
-        return outputs, tuple(new_states)
+        return outputs, tuple(new_states) if want_state else None
 
 
 class RMSNorm(nn.RMSNorm):
@@ -110,13 +111,17 @@ class MixerLayer(nn.Module):
         if state is not None and not isinstance(state, LayerState):
             raise TypeError(f"state must be a LayerState returned with use_cache=True, got {type(state).__name__}")
 
-    def project_qkv(self, x, layout: RowLayout, state, heads: tuple[int, int, int], dims: tuple[int, int, int], activation=None):
+    def project_qkv(
+        self, x, layout: RowLayout, state, heads: tuple[int, int, int], dims: tuple[int, int, int], activation=None,
+        want_state: bool = True,
+    ):
         """q, k, v projections, then the short convs when the layer has them (else
-        ``activation``), as ``[B, T, heads, dim]``; also returns the convs' new state."""
+        ``activation``), as ``[B, T, heads, dim]``; also returns the convs' new state (None
+        without ``want_state``)."""
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         conv_state = None
         if getattr(self, "convs", None) is not None:
-            (q, k, v), conv_state = self.convs((q, k, v), layout, None if state is None else state.conv)
+            (q, k, v), conv_state = self.convs((q, k, v), layout, None if state is None else state.conv, want_state)
         elif activation is not None:
             q, k, v = activation(q), activation(k), activation(v)
         q, k, v = (t.unflatten(-1, (h, d)) for t, h, d in zip((q, k, v), heads, dims))

@@ -82,7 +82,8 @@ class GatedDeltaNet(MixerLayer):
         layout = RowLayout.of(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device, given=layout)
         inputs = self.position.prepare(x)  # the linear maps read inputs.linear
         q, k, v, conv_state = self.project_qkv(
-            inputs.linear, layout, state, (self.num_heads,) * 3, (self.head_k_dim, self.head_k_dim, self.head_v_dim), activation=F.silu
+            inputs.linear, layout, state, (self.num_heads,) * 3, (self.head_k_dim, self.head_k_dim, self.head_v_dim), activation=F.silu,
+            want_state=use_cache,
         )
         q, k, position_state = self.rotate(q, k, inputs, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout)
         beta = torch.sigmoid(self.b_proj(inputs.linear).to(compute_dtype(x.dtype)))

@@ -51,10 +51,13 @@ class ShortConvolution(nn.Module):
         return self.kernel_size - 1
 
     def forward(
-        self, x: torch.Tensor, layout: RowLayout, state: torch.Tensor | None = None, activate: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(y, final state)``; ``activate=False`` leaves the activation to the caller."""
-        return short_conv(x, self.kernel(), layout, state, self.bias, self.activation if activate else None, self.backend)
+        self, x: torch.Tensor, layout: RowLayout, state: torch.Tensor | None = None, activate: bool = True,
+        want_state: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(y, final state)``, the state None without ``want_state``; ``activate=False``
+        leaves the activation to the caller."""
+        activation = self.activation if activate else None
+        return short_conv(x, self.kernel(), layout, state, self.bias, activation, self.backend, want_state=want_state)
 
     def extra_repr(self) -> str:
         return f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}"

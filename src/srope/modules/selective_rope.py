@@ -322,12 +322,12 @@ class SelectiveRoPE(PositionEncoding):
                 else:
                     # (the conv's activation in the gate's kernel: fla's backward of its own
                     # activation recomputes the conv)
-                    c, conv_state = self.conv(u, layout, conv_state, activate=False)
+                    c, conv_state = self.conv(u, layout, conv_state, activate=False, want_state=want_state)
                     phi = apply_head_gate(c.flatten(0, -2), shares, gate_bias, e, self.conv.activation)
                 phi = phi.view(*u.shape[:-1], self.num_heads, self.pairs)
             else:
                 u, gate = self.generator_inputs(x, grad_dtype, parts)
-                phi, conv_state = self.conv(u, layout, conv_state)
+                phi, conv_state = self.conv(u, layout, conv_state, want_state=want_state)
                 phi = phi.unflatten(-1, (self.num_heads, self.pairs))
                 if self.bias is not None:
                     phi = phi + torch.exp(self.bias.to(phi.dtype))

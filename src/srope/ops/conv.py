@@ -90,9 +90,12 @@ def short_conv(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor]:
+    want_state: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The short conv of ``x [B, T, C]`` laid out by ``layout`` (padding invisible, packed
-    sequences restarting), then ``activation``; returns ``(y [B, T, C], final_state [N, C, W-1])``.
+    sequences restarting), then ``activation``; returns ``(y [B, T, C], final_state [N, C, W-1])``,
+    the state None without ``want_state`` (a training step: its gather is a handful of small
+    launches per conv that nothing reads).
 
     ``backend``: ``"torch"`` (:func:`causal_conv`), ``"fla"`` (fla's Triton kernel; CUDA
     only) or ``"auto"`` (fla where it can run and is installed, for calls of at least
@@ -111,7 +114,7 @@ def short_conv(
         rows = layout.to_rows(x)
         out, final = causal_conv(rows, weight, state, None if layout.identity else layout.lengths, bias)
         act = ACTIVATIONS[activation]
-        return layout.from_rows(out if act is None else act(out)), final
+        return layout.from_rows(out if act is None else act(out)), final if want_state else None
     # fla's state is [N, C, W]: the last W-1 inputs in slots 1..W-1 (slot 0 is not read).
     initial = None if state is None else F.pad(state.to(x.dtype), (1, 0)).contiguous()
     kernel = weight.to(device=x.device).contiguous()
@@ -122,4 +125,4 @@ def short_conv(
     else:
         rows = layout.to_rows(x)  # padded rows: real tokens first, the rest after them (never read)
         out = layout.from_rows(ops.causal_conv1d(rows.contiguous(), kernel, fla_bias, initial_state=initial, activation=activation)[0])
-    return out, last_inputs(x, layout, width, state)
+    return out, last_inputs(x, layout, width, state) if want_state else None
