@@ -24,7 +24,8 @@
 #                 SYNTH_ONLY='copying-srope' bash experiments/gpu.sh copying
 #   collect       waits (while the call lasts) for stages started with DETACH=1, printing their
 #                 progress every PROGRESS_S seconds, then copies their packed results to $OUT
-# SYNTH_ONLY (a regex) keeps only the synthetic runs whose names match.
+# SYNTH_ONLY (a regex) keeps only the synthetic runs whose names match. WARM=0 skips the
+# warm-up steps (one run alone fills its caches itself, and the minute goes to training).
 #
 # DETACH=1 starts the stages in a process session of their own and returns at once: they
 # outlive the call (the device machine ends only processes of the call's session) and run on
@@ -94,7 +95,7 @@ synth_all() {
   local pids=() lines
   lines=$(grep -E "^(${SYNTH_ONLY:-.*})( |$)")
   while read -r name warm args; do
-    [ "$warm" = warm ] || continue
+    [ "$warm" = warm ] && [ "${WARM:-1}" = 1 ] || continue
     [ -f "out/synth/$name/results.json" ] && continue  # begun in an earlier call: caches are warm
     local limit
     limit=$(at_most "${WARM_LIMIT:-240}")
