@@ -44,8 +44,10 @@ SELECTIVE_ROPE_DEFAULTS = {"conv_activation": "silu", "gate": "standard", "bias"
 # override (a gate normaliser, a decay switch) makes a variant the paper does not have.
 SIZE_KEYS = {"num_hidden_layers", "hidden_size", "num_heads", "head_dim", "expand_k", "expand_v", "vocab_size", "intermediate_size",
              "hidden_ratio", "max_position_embeddings", "tie_word_embeddings"}
-# Config entries that do not change what a run measures (or that the report pools over).
-_NOT_PROTOCOL = {"seeds", "threads", "position_type", "position", "tasks", "only", "lrs", "weight_decays", "eval_batch_size"}
+# Config entries that do not change what a run measures (or that the report pools over). A
+# wall-clock limit is not protocol either: a run it stopped says so in its row and budget.
+_NOT_PROTOCOL = {"seeds", "threads", "position_type", "position", "tasks", "only", "lrs", "weight_decays", "eval_batch_size",
+                 "max_seconds", "checkpoint_every", "save_weights"}
 
 
 # ---------------------------------------------------------------------------------------
