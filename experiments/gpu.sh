@@ -55,6 +55,7 @@ pack() { tar czf "$R/$1.tgz" --exclude=checkpoints --exclude=tensorboard --exclu
 
 calibrate() {
   local steps=${CAL_STEPS:-40} i=0
+  mkdir -p out/calibrate
   while read -r name args; do
     i=$((i + 1))
     [[ $name =~ ${CAL_ONLY:-.} ]] || continue
@@ -64,7 +65,8 @@ calibrate() {
     echo "== $(date +%T) calibrate $name (at most $limit s)"
     # shellcheck disable=SC2086
     timeout -k 10 "$limit" python3 -m srope synth $args --set max_steps="$steps" --set checkpoint_every=100000 --no-progress \
-      --label "$name" --out "out/calibrate/$name" 2>&1 | tail -n 3
+      --label "$name" --out "out/calibrate/$name" > "out/calibrate/$name.log" 2>&1
+    tail -n 3 "out/calibrate/$name.log"  # the whole log is packed with the results
   done <<'LIST'
 copying-authors copying --set seeds=0 --set eval_lengths=2-64 --set eval_examples=64
 st-gla-authors state_tracking --preset authors --set seeds=0 --set eval_size=2048
