@@ -22,6 +22,11 @@
 #                 (batches of 1000). One run alone takes 6-8 minutes of training on an H200
 #                 (75-98 ms a step, GPU-bound), so one call fits one variant:
 #                 SYNTH_ONLY='copying-srope' bash experiments/gpu.sh copying
+#                 A variant whose training and evaluation do not fit in one call (Selective
+#                 RoPE + gate + bias: 11.8 steps/s, evaluation > 100 s) spans two calls on the
+#                 warm machine, its checkpoint staying there: COPY_SECONDS=900 (max_seconds:
+#                 a total over both calls, equal in both) and COPY_STOP_AFTER=3000 (stop with a
+#                 checkpoint) in the first; COPY_SECONDS=900 alone in the next, which resumes
 #   collect       waits (while the call lasts) for stages started with DETACH=1, printing their
 #                 progress every PROGRESS_S seconds, then copies their packed results to $OUT
 # SYNTH_ONLY (a regex) keeps only the synthetic runs whose names match. WARM=0 skips the
@@ -174,7 +179,8 @@ LIST
       pack_synth state-tracking st- ;;
     copying)
       # The warm-up's evaluation is cut short: only its training step fills a cache.
-      local C="--set seeds=${COPY_SEEDS:-0} --set eval_batch_size=1000 --set max_seconds=@LEFT@"
+      local C="--set seeds=${COPY_SEEDS:-0} --set eval_batch_size=1000 --set max_seconds=${COPY_SECONDS:-@LEFT@}"
+      [ -n "${COPY_STOP_AFTER:-}" ] && C="$C --stop-after-steps $COPY_STOP_AFTER"
       EVAL_MARGIN=${EVAL_MARGIN:-150} WARM_SET="--set eval_lengths=2-8 --set eval_examples=16" synth_all <<LIST
 copying-nope warm copying --position nope $C
 copying-rope copying --position rope $C
