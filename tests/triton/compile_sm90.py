@@ -24,7 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from srope.ops.triton import decode, head_gate, kernels, ops
+from srope.ops.triton import decode, head_gate, head_weights, kernels, ops
 from srope.ops.triton import projection as projection_grad
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -54,7 +54,7 @@ def with_pdl(_x) -> dict:
 
 def record_launches() -> list:
     calls = []
-    for module in (ops, decode, head_gate, projection_grad):
+    for module in (ops, decode, head_gate, head_weights, projection_grad):
         module.pdl = with_pdl
     for name in ("chunk_sum_kernel", "chunk_scan_fwd_kernel", "chunk_scan_bwd_kernel", "dphi_kernel",
                  "srope_fwd_kernel", "srope_bwd_kernel"):
@@ -124,6 +124,14 @@ def record_launches() -> list:
         u, w, conv_bias, e = torch.zeros(2, 32, 4 * pairs), torch.zeros(4 * pairs, width), torch.zeros(4 * pairs), torch.zeros(4, pairs)
         head_gate._conv_gate_op(u, w, conv_bias, y, gate_bias, e, True)
         head_gate._conv_gate_bwd_op(torch.zeros(64, 4, pairs), u, w, conv_bias, y, gate_bias, e, True)
+    # the generator's weight-normed first layers at GLA-370M: the standard gate's 4 logits, a
+    # low-rank gate's 16, no gate
+    for name in ("weights_fwd_kernel", "weights_bwd_kernel"):
+        setattr(head_weights, name, Recorder(getattr(head_weights, name), name, calls))
+    for gates in (4, 16, 0):
+        gate = torch.zeros(gates, 1024) if gates else None
+        head_weights._weights_op(torch.zeros(4, 256, 64), torch.ones(4), gate)
+        head_weights._weights_bwd_op(torch.zeros(4, 256, 64 + gates), torch.zeros(4, 256, 64), torch.ones(4), gates)
     return calls
 
 

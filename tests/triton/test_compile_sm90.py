@@ -27,7 +27,8 @@ def test_every_kernel_compiles_for_sm90_without_spills_or_approximate_sincos():
     assert kernels == {"chunk_sum_kernel", "chunk_scan_fwd_kernel", "chunk_scan_bwd_kernel", "dphi_kernel", "srope_fwd_kernel",
                        "srope_bwd_kernel", "_rope_fwd", "_rope_bwd", "decode_step_kernel", "generator_inputs_kernel",
                        "backward_kernel", "split_weight_kernel", "forward_kernel", "apply_fwd_kernel",
-                       "apply_bwd_kernel", "conv_gate_fwd_kernel", "conv_gate_bwd_kernel", "conv_taps_bwd_kernel"}, kernels
+                       "apply_bwd_kernel", "conv_gate_fwd_kernel", "conv_gate_bwd_kernel", "conv_taps_bwd_kernel",
+                       "weights_fwd_kernel", "weights_bwd_kernel"}, kernels
     for report in reports:
         # With 4 warps the rotation forwards and RoPE's backward keep one predicate register
         # in local memory across libdevice sinf/cosf's branch to their slow path (Payne-Hanek,

@@ -27,10 +27,11 @@ from srope.ops.rotary import selective_rope
 
 PROJECTIONS = ("full-rank", "low-rank")
 GATES = (None, "standard", "low-rank", "per-channel")
-# Where the standard gate after the generator's conv runs as a fused Triton kernel
-# (srope.ops.triton.head_gate; with the conv inside it for whole rows without a carried
-# state) instead of torch's elementwise ops: "cuda" (float32 CUDA tensors), "always" (also
-# on the CPU under TRITON_INTERPRET=1; tests) or "never".
+# Where the generator's small fused Triton kernels run instead of torch's elementwise ops:
+# the standard gate after its conv (srope.ops.triton.head_gate; with the conv inside it for
+# whole rows without a carried state) and the weight-normed first layers
+# (srope.ops.triton.head_weights): "cuda" (float32 CUDA tensors), "always" (also on the CPU
+# under TRITON_INTERPRET=1; tests) or "never".
 FUSED_GATE = "cuda"
 
 
@@ -223,10 +224,16 @@ class SelectiveRoPE(PositionEncoding):
             key = (dtype, tuple((id(p), p._version, p.data_ptr(), p.dtype, p.device) for p in self.parameters()))
             if self._first_layer_cache is not None and self._first_layer_cache[0] == key:
                 return self._first_layer_cache[1]
-        blocks = [self.projection_weight(dtype)]
-        if self.gate is not None:
-            blocks.append(_per_head(self._gate_first_layer().weight, self.num_heads).to(dtype))
-        result = (torch.cat(blocks, dim=-1), self._first_layer_sizes())
+        if self._fuses_weights(dtype):
+            from srope.ops.triton.head_weights import head_weights
+
+            gate = None if self.gate is None else self._gate_first_layer().weight.to(dtype)
+            result = (head_weights(self.proj_weight.to(dtype), self.proj_gain.to(dtype), gate), self._first_layer_sizes())
+        else:
+            blocks = [self.projection_weight(dtype)]
+            if self.gate is not None:
+                blocks.append(_per_head(self._gate_first_layer().weight, self.num_heads).to(dtype))
+            result = (torch.cat(blocks, dim=-1), self._first_layer_sizes())
         self._first_layer_cache = None if key is None else (key, result)
         return result
 
@@ -237,6 +244,12 @@ class SelectiveRoPE(PositionEncoding):
         """Per head, the output widths of the first layers: the ω map's, then the gate's."""
         sizes = [self.pairs if self.projection == "full-rank" else self.proj[0].out_features]
         return sizes + ([self._gate_first_layer().out_features] if self.gate is not None else [])
+
+    def _fuses_weights(self, dtype: torch.dtype) -> bool:
+        """Whether the weight-normed first layers come from the fused Triton kernel
+        (:mod:`srope.ops.triton.head_weights`; see :data:`FUSED_GATE`)."""
+        return (self.weight_norm and dtype == torch.float32
+                and (FUSED_GATE == "always" or FUSED_GATE == "cuda" and self.proj_weight.is_cuda))
 
     def _fuses_gate(self, t: torch.Tensor) -> bool:
         """Whether the standard gate after the conv takes the fused Triton kernel
