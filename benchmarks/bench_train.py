@@ -96,8 +96,11 @@ def generate_ms(model, args, vocab: int) -> dict:
     run(args.new)  # warm-up: autotuning, graph capture
     # interleaved, so that a slow phase of the machine hits both alike
     ones, fulls = zip(*((run(1), run(args.new)) for _ in range(args.generate_repeats)))
-    one, full = statistics.median(ones), statistics.median(fulls)
-    return {"generate_ms_per_token": 1e3 * (full - one) / (args.new - 1), "generate_s": full, "prefill_and_first_s": one}
+    # the median of the pairs' differences: a prefill that varies from call to call (it runs
+    # eagerly, host-bound) moves both times of a pair alike
+    per_token = statistics.median(1e3 * (full - one) / (args.new - 1) for one, full in zip(ones, fulls))
+    return {"generate_ms_per_token": per_token, "generate_s": statistics.median(fulls), "prefill_and_first_s": statistics.median(ones),
+            "generate_s_all": [round(t, 5) for t in fulls], "prefill_and_first_s_all": [round(t, 5) for t in ones]}
 
 
 def srope_generate(args, position: str) -> dict:
