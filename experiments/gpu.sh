@@ -79,6 +79,8 @@ st-attention-s2 state_tracking --preset paper --mixer attention --set model.num_
 st-deltanet-a3 state_tracking --preset paper_a3 --set seeds=0 --set eval_size=2048
 mqar-512-d64 mqar --set configs=512x64 --set d_models=64 --set lrs=0.001 --set test_examples=256
 mqar-512-d512 mqar --set configs=512x64 --set d_models=512 --set lrs=0.001 --set test_examples=256
+mad-recall mad --set only=in-context-recall/baseline --set lrs=0.001 --set weight_decays=0.0
+mad-copy-1024 mad --set only=selective-copying/seq_len=1024 --set lrs=0.001 --set weight_decays=0.0
 LIST
 }
 
