@@ -8,8 +8,9 @@
 # SROPE_COMMIT names the commit the working tree is (the device copy's .git, if any, can be older).
 #   checks      the training step as a CUDA graph against eager, resume, host syncs (12 pairs;
 #               Triton autotuning cut to one config: correctness only, run it after timings)
-#   gpu-tests   every test marked gpu (pytest -m gpu tests; one autotune candidate, as checks),
-#               JUnit XML into $R/gpu-tests.xml; GPU_TESTS_ARGS narrows it (e.g. a path)
+#   gpu-tests   every test marked gpu and every kernel test (tests/triton, compiled here):
+#               pytest -m "gpu or kernels" tests, one autotune candidate as for checks; JUnit
+#               XML into $R/gpu-tests.xml; GPU_TESTS_ARGS narrows it (e.g. a path)
 #   train       srope train (the CLI) and model.generate, beside fla's GLAForCausalLM
 #   layers      every host's layer with each position encoding (eager and graph), then where the
 #               GLA layer's time goes: kernels, CPU ops and sampled Python stacks
@@ -26,7 +27,7 @@ for stage in "$@"; do
   case $stage in
     checks) run "${CHECKS_LIMIT:-200}" python3 benchmarks/fast_autotune.py benchmarks/check_cuda_train.py --data .data/shakespeare --out "$R/check_train.json" ${CHECKS_ARGS:-} ;;
     gpu-tests) TRITON_CACHE_DIR=/tmp/triton-fast run "${GPU_TESTS_LIMIT:-420}" python3 benchmarks/fast_autotune.py -m pytest -q -p no:cacheprovider \
-      -m gpu --junitxml="$R/gpu-tests.xml" --durations=15 ${GPU_TESTS_ARGS:-tests} ;;
+      -m "gpu or kernels" --junitxml="$R/gpu-tests.xml" --durations=15 ${GPU_TESTS_ARGS:-tests} ;;
     fused)
       # one autotune candidate, in a cache of its own (it must not leave first-config choices behind)
       TRITON_CACHE_DIR=/tmp/triton-fast run "${FUSED_TEST_LIMIT:-240}" python3 benchmarks/fast_autotune.py -m pytest -q -p no:cacheprovider tests/ops/test_fused.py

@@ -24,6 +24,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if not str(item.fspath).startswith(here):
             continue
+        item.add_marker(pytest.mark.kernels)  # so that the GPU stage selects them with -m "gpu or kernels"
         if "gpu" in item.keywords:
             if not CUDA:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
