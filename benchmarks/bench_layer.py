@@ -11,6 +11,7 @@ writes the JSON and a markdown table beside it. ``--dry-run`` runs tiny sizes on
 from __future__ import annotations
 
 import argparse
+import statistics
 import traceback
 
 import torch
@@ -40,7 +41,8 @@ def build(host: str, position, hidden: int, dry_run: bool, device):
     return cls(hidden_size=hidden, position=position, **options).to(device)
 
 
-def time_layer(layer, x, autocast, dry_run) -> dict:
+def time_layer(layer, x, autocast, dry_run) -> tuple[dict, callable]:
+    """The timings, and the timed fwd+bwd step for more rounds (:func:`interleaved_rounds`)."""
     grad = torch.randn_like(x)
 
     def forward():
@@ -59,7 +61,28 @@ def time_layer(layer, x, autocast, dry_run) -> dict:
         except Exception as error:
             torch.cuda.synchronize()
             record["graph_error"] = "".join(traceback.format_exception_only(error)).strip()[-600:]
-    return record
+    return record, lambda: median_ms(forward_backward, dry_run=dry_run, grad_to_none=[x, *layer.parameters()])
+
+
+def _with_gate(mode: str, step):
+    selective_rope_module.FUSED_GATE = mode
+    try:
+        return step()
+    finally:
+        selective_rope_module.FUSED_GATE = "cuda"
+
+
+def interleaved_rounds(timed: list[tuple[dict, callable]], rounds: int) -> None:
+    """``rounds`` more eager fwd+bwd timings of every layer of one host, one layer after the
+    other in each round: eager times follow the host CPU, which changes from machine to
+    machine and minute to minute, so a ratio is only as good as timings taken side by side.
+    Each record gets its rounds and their median as ``fwd_bwd_ms``."""
+    for _ in range(rounds):
+        for record, step in timed:
+            record.setdefault("fwd_bwd_ms_rounds", [record["fwd_bwd_ms"]]).append(step())
+    for record, _ in timed:
+        if "fwd_bwd_ms_rounds" in record:
+            record["fwd_bwd_ms"] = statistics.median(record["fwd_bwd_ms_rounds"])
 
 
 def gla_breakdown(layer, x, autocast, dry_run) -> dict:
@@ -99,6 +122,7 @@ def main() -> int:
     parser.add_argument("--out", default="out/bench/layer.json", help="JSON file (default: out/bench/layer.json)")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU")
     parser.add_argument("--hosts", default=",".join(HOSTS))
+    parser.add_argument("--rounds", type=int, default=3, help="more eager fwd+bwd rounds per host, its layers interleaved (median)")
     args = parser.parse_args()
     device = "cpu" if args.dry_run else "cuda"
     batch, length, hidden = (2, 64, 64) if args.dry_run else (8, 4096, 1024)
@@ -106,14 +130,17 @@ def main() -> int:
     report = {"environment": environment(), "shape": {"batch": batch, "length": length, "hidden": hidden}, "results": []}
     for host in args.hosts.split(","):
         runs = [*POSITIONS.items()] + ([(TORCH_GATE, POSITIONS["selective_rope"])] if host == "gla" else [])
+        timed = []
         for name, position in runs:
             torch.manual_seed(0)
             record = {"host": host, "position": name}
-            selective_rope_module.FUSED_GATE = "never" if name == TORCH_GATE else "cuda"
+            mode = selective_rope_module.FUSED_GATE = "never" if name == TORCH_GATE else "cuda"
             try:
                 layer = build(host, position, hidden, args.dry_run, device)
                 x = torch.randn(batch, length, hidden, device=device, requires_grad=True)
-                record |= time_layer(layer, x, autocast, args.dry_run)
+                timings, step = time_layer(layer, x, autocast, args.dry_run)
+                record |= timings
+                timed.append((record, lambda step=step, mode=mode: _with_gate(mode, step)))
                 if host == "gla" and name.startswith("selective_rope"):
                     record |= gla_breakdown(layer, x, autocast, args.dry_run)
                 if device == "cuda":
@@ -124,6 +151,11 @@ def main() -> int:
             report["results"].append(record)
             print(record, flush=True)
             write_json(args.out, report)
+        try:
+            interleaved_rounds([(r, step) for r, step in timed if "error" not in r], args.rounds)
+        except Exception as error:  # the single round above stays
+            print(f"{host}: interleaved rounds failed: {error}", flush=True)
+        write_json(args.out, report)
     for host in {r["host"] for r in report["results"]}:
         for key, suffix in (("fwd_bwd_ms", ""), ("fwd_bwd_ms_graph", "_graph")):
             times = {r["position"]: r.get(key) for r in report["results"] if r["host"] == host and r["position"] in POSITIONS}
