@@ -35,6 +35,39 @@ INTERPRET_TILE = 256  # under TRITON_INTERPRET=1: several steps over I even at t
 
 
 @triton.jit
+def _column_sums(w, dout, h, I, R, width, rr, mr, BI: tl.constexpr, BR: tl.constexpr, DOTS: tl.constexpr):
+    """Per column of head h's ω weight: ``Σ_i w²`` (1 for padded columns: no 0/0 after) and,
+    with DOTS, ``Σ_i dout · w``."""
+    squares = tl.zeros([BR], dtype=tl.float32)
+    dots = tl.zeros([BR], dtype=tl.float32)
+    for start in range(0, I, BI):
+        ii = start + tl.arange(0, BI)
+        m = (ii < I)[:, None] & mr[None, :]
+        col = tl.load(w + (h * I + ii[:, None]) * R + rr[None, :], mask=m, other=0.0)
+        squares += tl.sum(col * col, axis=0)
+        if DOTS:
+            dots += tl.sum(tl.load(dout + (h * I + ii[:, None]) * width + rr[None, :], mask=m, other=0.0) * col, axis=0)
+    return tl.where(mr, squares, 1.0), dots
+
+
+@triton.jit
+def _gate_shares(linear, joined, h, I, R, G, width, gate_row, BI: tl.constexpr, BG: tl.constexpr, TO_JOINED: tl.constexpr):
+    """Head h's share of the gate's weight between its Linear layout (``linear [G, H·I]``) and
+    the joined weight's last G columns (``joined [H, I, R + G]``), in the direction TO_JOINED."""
+    gg = tl.arange(0, BG)
+    mg = gg < G
+    for start in range(0, I, BI):
+        ii = start + tl.arange(0, BI)
+        m = (ii < I)[:, None] & mg[None, :]
+        at_linear = gg[None, :] * gate_row + h * I + ii[:, None]
+        at_joined = (h * I + ii[:, None]) * width + R + gg[None, :]
+        if TO_JOINED:
+            tl.store(joined + at_joined, tl.load(linear + at_linear, mask=m, other=0.0), mask=m)
+        else:
+            tl.store(linear + at_linear, tl.load(joined + at_joined, mask=m, other=0.0), mask=m)
+
+
+@triton.jit
 def weights_fwd_kernel(w, gain, gate, out, I, R, G, gate_row, BI: tl.constexpr, BR: tl.constexpr, BG: tl.constexpr,
                        HAS_GATE: tl.constexpr, PDL: tl.constexpr = False):
     """Program (head, part): part 0 writes ``out[h, :, :R] = gain[h] · w[h] / ‖w[h]‖`` (column
@@ -45,26 +78,15 @@ def weights_fwd_kernel(w, gain, gate, out, I, R, G, gate_row, BI: tl.constexpr, 
     if part == 0:
         rr = tl.arange(0, BR)
         mr = rr < R
-        squares = tl.zeros([BR], dtype=tl.float32)
-        for start in range(0, I, BI):
-            ii = start + tl.arange(0, BI)
-            m = (ii < I)[:, None] & mr[None, :]
-            col = tl.load(w + (h * I + ii[:, None]) * R + rr[None, :], mask=m, other=0.0)
-            squares += tl.sum(col * col, axis=0)
-        scale = tl.load(gain + h) / tl.sqrt_rn(tl.where(mr, squares, 1.0))  # padded columns: no 0/0
+        squares, _ = _column_sums(w, w, h, I, R, width, rr, mr, BI, BR, False)
+        scale = tl.load(gain + h) / tl.sqrt_rn(squares)
         for start in range(0, I, BI):
             ii = start + tl.arange(0, BI)
             m = (ii < I)[:, None] & mr[None, :]
             col = tl.load(w + (h * I + ii[:, None]) * R + rr[None, :], mask=m, other=0.0)
             tl.store(out + (h * I + ii[:, None]) * width + rr[None, :], col * scale[None, :], mask=m)
     elif HAS_GATE:
-        gg = tl.arange(0, BG)
-        mg = gg < G
-        for start in range(0, I, BI):
-            ii = start + tl.arange(0, BI)
-            m = (ii < I)[:, None] & mg[None, :]
-            share = tl.load(gate + gg[None, :] * gate_row + h * I + ii[:, None], mask=m, other=0.0)
-            tl.store(out + (h * I + ii[:, None]) * width + R + gg[None, :], share, mask=m)
+        _gate_shares(gate, out, h, I, R, G, width, gate_row, BI, BG, True)
 
 
 @triton.jit
@@ -78,20 +100,10 @@ def weights_bwd_kernel(dout, w, gain, dw, dgain, dgate, I, R, G, gate_row, BI: t
     if part == 0:
         rr = tl.arange(0, BR)
         mr = rr < R
-        squares = tl.zeros([BR], dtype=tl.float32)
-        dots = tl.zeros([BR], dtype=tl.float32)
-        for start in range(0, I, BI):
-            ii = start + tl.arange(0, BI)
-            m = (ii < I)[:, None] & mr[None, :]
-            col = tl.load(w + (h * I + ii[:, None]) * R + rr[None, :], mask=m, other=0.0)
-            grad = tl.load(dout + (h * I + ii[:, None]) * width + rr[None, :], mask=m, other=0.0)
-            squares += tl.sum(col * col, axis=0)
-            dots += tl.sum(grad * col, axis=0)
-        squares = tl.where(mr, squares, 1.0)  # padded columns: no 0/0
+        squares, dots = _column_sums(w, dout, h, I, R, width, rr, mr, BI, BR, True)
         norm = tl.sqrt_rn(squares)
-        g = tl.load(gain + h)
         tl.store(dgain + h, tl.sum(dots / norm, axis=0))
-        scale = g / norm
+        scale = tl.load(gain + h) / norm
         coef = dots / squares
         for start in range(0, I, BI):
             ii = start + tl.arange(0, BI)
@@ -100,13 +112,7 @@ def weights_bwd_kernel(dout, w, gain, dw, dgain, dgate, I, R, G, gate_row, BI: t
             grad = tl.load(dout + (h * I + ii[:, None]) * width + rr[None, :], mask=m, other=0.0)
             tl.store(dw + (h * I + ii[:, None]) * R + rr[None, :], scale[None, :] * (grad - col * coef[None, :]), mask=m)
     elif HAS_GATE:
-        gg = tl.arange(0, BG)
-        mg = gg < G
-        for start in range(0, I, BI):
-            ii = start + tl.arange(0, BI)
-            m = (ii < I)[:, None] & mg[None, :]
-            grad = tl.load(dout + (h * I + ii[:, None]) * width + R + gg[None, :], mask=m, other=0.0)
-            tl.store(dgate + gg[None, :] * gate_row + h * I + ii[:, None], grad, mask=m)
+        _gate_shares(dgate, dout, h, I, R, G, width, gate_row, BI, BG, False)
 
 
 def _meta(pairs: int, gates: int) -> dict:
