@@ -68,6 +68,19 @@ def _gate_shares(linear, joined, h, I, R, G, width, gate_row, BI: tl.constexpr, 
 
 
 @triton.jit
+def _scaled_columns(w, dout, dst, h, I, R, width, dst_row, rr, mr, scale, coef, BI: tl.constexpr, GRAD: tl.constexpr):
+    """Head h's ω columns written to ``dst`` (rows ``dst_row`` apart): ``scale · w`` or, with
+    GRAD, ``scale · (dout - coef · w)`` (dout's rows ``width`` apart)."""
+    for start in range(0, I, BI):
+        ii = start + tl.arange(0, BI)
+        m = (ii < I)[:, None] & mr[None, :]
+        col = tl.load(w + (h * I + ii[:, None]) * R + rr[None, :], mask=m, other=0.0)
+        if GRAD:
+            col = tl.load(dout + (h * I + ii[:, None]) * width + rr[None, :], mask=m, other=0.0) - col * coef[None, :]
+        tl.store(dst + (h * I + ii[:, None]) * dst_row + rr[None, :], col * scale[None, :], mask=m)
+
+
+@triton.jit
 def weights_fwd_kernel(w, gain, gate, out, I, R, G, gate_row, BI: tl.constexpr, BR: tl.constexpr, BG: tl.constexpr,
                        HAS_GATE: tl.constexpr, PDL: tl.constexpr = False):
     """Program (head, part): part 0 writes ``out[h, :, :R] = gain[h] · w[h] / ‖w[h]‖`` (column
@@ -80,11 +93,7 @@ def weights_fwd_kernel(w, gain, gate, out, I, R, G, gate_row, BI: tl.constexpr, 
         mr = rr < R
         squares, _ = _column_sums(w, w, h, I, R, width, rr, mr, BI, BR, False)
         scale = tl.load(gain + h) / tl.sqrt_rn(squares)
-        for start in range(0, I, BI):
-            ii = start + tl.arange(0, BI)
-            m = (ii < I)[:, None] & mr[None, :]
-            col = tl.load(w + (h * I + ii[:, None]) * R + rr[None, :], mask=m, other=0.0)
-            tl.store(out + (h * I + ii[:, None]) * width + rr[None, :], col * scale[None, :], mask=m)
+        _scaled_columns(w, w, out, h, I, R, width, width, rr, mr, scale, scale, BI, False)
     elif HAS_GATE:
         _gate_shares(gate, out, h, I, R, G, width, gate_row, BI, BG, True)
 
@@ -105,12 +114,7 @@ def weights_bwd_kernel(dout, w, gain, dw, dgain, dgate, I, R, G, gate_row, BI: t
         tl.store(dgain + h, tl.sum(dots / norm, axis=0))
         scale = tl.load(gain + h) / norm
         coef = dots / squares
-        for start in range(0, I, BI):
-            ii = start + tl.arange(0, BI)
-            m = (ii < I)[:, None] & mr[None, :]
-            col = tl.load(w + (h * I + ii[:, None]) * R + rr[None, :], mask=m, other=0.0)
-            grad = tl.load(dout + (h * I + ii[:, None]) * width + rr[None, :], mask=m, other=0.0)
-            tl.store(dw + (h * I + ii[:, None]) * R + rr[None, :], scale[None, :] * (grad - col * coef[None, :]), mask=m)
+        _scaled_columns(w, dout, dw, h, I, R, width, R, rr, mr, scale, coef, BI, True)
     elif HAS_GATE:
         _gate_shares(dgate, dout, h, I, R, G, width, gate_row, BI, BG, False)
 
