@@ -14,6 +14,8 @@
 #   train       srope train (the CLI) and model.generate, beside fla's GLAForCausalLM
 #   layers      every host's layer with each position encoding (eager and graph), then where the
 #               GLA layer's time goes: kernels, CPU ops and sampled Python stacks
+#   host        host time per call (empty kernels, srope's ops, GLA layers at tiny sizes): where
+#               an eager step's time goes when the GPU waits for the CPU
 #   ops         the rotation ops against the other implementations, eager and graph
 #   scaling     torchrun srope train on 1 and 2 GPUs, DDP and FSDP2 (benchmarks/bench_scaling.py;
 #               SCALING_ARGS adds e.g. --jobs), on a machine of several GPUs
@@ -36,6 +38,7 @@ for stage in "$@"; do
     layers)
       run "${LAYER_LIMIT:-240}" python3 benchmarks/bench_layer.py --out "$R/layer.json"
       PYTHONPATH=$PYTHONPATH:$PWD/benchmarks run "${PROFILE_LIMIT:-150}" python3 -m benchmarks.profile_layer --python --out "$R/profile_layer.json" ;;
+    host) run "${HOST_LIMIT:-120}" python3 benchmarks/bench_host.py --out "$R/host.json" ;;
     ops) run "${OP_LIMIT:-300}" python3 benchmarks/bench_op.py --out "$R/op.json" ;;
     scaling) run "${SCALING_LIMIT:-560}" python3 benchmarks/bench_scaling.py --data .data/shakespeare --out "$R/scaling.json" ${SCALING_ARGS:-} ;;
     train) run "${TRAIN_LIMIT:-420}" python3 benchmarks/bench_train.py --data .data/shakespeare --out "$R/train.json" ${TRAIN_ARGS:-} ;;
