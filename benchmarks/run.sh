@@ -38,7 +38,7 @@ for stage in "$@"; do
     layers)
       run "${LAYER_LIMIT:-240}" python3 benchmarks/bench_layer.py --out "$R/layer.json"
       PYTHONPATH=$PYTHONPATH:$PWD/benchmarks run "${PROFILE_LIMIT:-150}" python3 -m benchmarks.profile_layer --python --out "$R/profile_layer.json" ;;
-    host) run "${HOST_LIMIT:-120}" python3 benchmarks/bench_host.py --out "$R/host.json" ;;
+    host) run "${HOST_LIMIT:-120}" python3 benchmarks/bench_host.py --out "$R/host.json" ${HOST_ARGS:-} ;;
     ops) run "${OP_LIMIT:-300}" python3 benchmarks/bench_op.py --out "$R/op.json" ;;
     scaling) run "${SCALING_LIMIT:-560}" python3 benchmarks/bench_scaling.py --data .data/shakespeare --out "$R/scaling.json" ${SCALING_ARGS:-} ;;
     train) run "${TRAIN_LIMIT:-420}" python3 benchmarks/bench_train.py --data .data/shakespeare --out "$R/train.json" ${TRAIN_ARGS:-} ;;
