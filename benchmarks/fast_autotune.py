@@ -1,4 +1,4 @@
-"""Run a script with Triton autotuning cut to the first candidate config, for correctness
+"""Run a script with Triton autotuning cut to the first candidate config that runs, for correctness
 checks on a fresh GPU machine (fla's first autotune of a new shape costs minutes; any single
 config computes the same result). Never use it for timings.
 
@@ -7,21 +7,16 @@ config computes the same result). Never use it for timings.
 
 import runpy
 import sys
+from pathlib import Path
 
-from triton.runtime import autotuner
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from srope.tasks import autotune  # noqa: E402
 
-_prune = autotuner.Autotuner.prune_configs
-
-
-def _first_config(self, *args, **kwargs):
-    return _prune(self, *args, **kwargs)[:1]
-
-
-autotuner.Autotuner.prune_configs = _first_config
+autotune.apply("first")  # also for synthetic runs started inside, and their workers
 if sys.argv[1] == "-m":  # python benchmarks/fast_autotune.py -m pytest ...
     module, sys.argv = sys.argv[2], sys.argv[2:]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 else:
     script, sys.argv = sys.argv[1], sys.argv[1:]
-    sys.path.insert(0, str(__import__("pathlib").Path(script).resolve().parent))
+    sys.path.insert(0, str(Path(script).resolve().parent))
     runpy.run_path(script, run_name="__main__")

@@ -29,6 +29,9 @@
 #                 checkpoint) in the first; COPY_SECONDS=900 alone in the next, which resumes
 #   collect       waits (while the call lasts) for stages started with DETACH=1, printing their
 #                 progress every PROGRESS_S seconds, then copies their packed results to $OUT
+# AUTOTUNE=first runs every synthetic run with `--autotune first` (SROPE_AUTOTUNE): fla's
+# kernels autotune for minutes at every new model width otherwise (MQAR's first run at d 64
+# had not finished one step after 194 s), and these models are host-bound.
 # SYNTH_ONLY (a regex) keeps only the synthetic runs whose names match. WARM=0 skips the
 # warm-up steps (one run alone fills its caches itself, and the minute goes to training).
 #
@@ -55,7 +58,8 @@ if [ "$*" = collect ]; then
 else
   source benchmarks/device-env.sh
 fi
-export TQDM_MININTERVAL=${TQDM_MININTERVAL:-20}  # progress lines in the logs, not a stream of them
+export TQDM_MININTERVAL=${TQDM_MININTERVAL:-20}
+[ -n "${AUTOTUNE:-}" ] && export SROPE_AUTOTUNE=$AUTOTUNE  # progress lines in the logs, not a stream of them
 pack() { tar czf "$R/$1.tgz" --exclude=checkpoints --exclude=tensorboard --exclude=model --exclude='*.safetensors' -C out "$1"; ls -la "$R/$1.tgz"; }
 
 calibrate() {

@@ -136,15 +136,17 @@ def _overrides(argv):
     return synth_overrides(_parse(argv))
 
 
-def test_concurrent_equals_sequential_and_stops_on_sigterm(tmp_path):
+def test_concurrent_equals_sequential_and_stops_on_sigterm(tmp_path, monkeypatch):
     """--jobs 2 gives the sequential sweep's results in grid order; SIGTERM to its parent
     makes the workers checkpoint after their step, and the sweep resumed concurrently
     again still equals the sequential one."""
+    monkeypatch.delenv("SROPE_AUTOTUNE", raising=False)  # the mode a call sets stays in this process's environment
     grid = {**SMOKE["mqar"], "epochs": 24, "model.hidden_size": 8, "threads": 1, "checkpoint_every": 1000}  # 4 runs
     run = lambda out, **kw: run_synthetic("mqar", gru_factory, out=out, overrides=grid, cache_dir=None, progress=False, plot=False, **kw)
     sequential = run(tmp_path / "sequential")
-    both = run(tmp_path / "both", jobs=2)
+    both = run(tmp_path / "both", jobs=2, autotune="first")  # the workers take the mode too
     assert numbers(both) == numbers(sequential) and both["provenance"][0]["jobs"] == 2 and both["threads"] == 1
+    assert sequential["provenance"][0]["autotune"] == "full" and both["provenance"][0]["autotune"] == "first"
     assert [(r["setting"], r["lr"]) for r in both["runs"]] == [(r["setting"], r["lr"]) for r in sequential["runs"]]  # grid order
 
     out = tmp_path / "stopped"

@@ -45,6 +45,9 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-after-steps", type=_positive_int, default=None, metavar="K",
                         help="stop after about K optimiser steps (over all runs) with checkpoints; continue with --resume")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out: finished runs are kept, the others continue from their checkpoints")
+    parser.add_argument("--autotune", choices=("full", "first"), default=None,
+                        help="full: Triton autotunes every kernel (default, or $SROPE_AUTOTUNE); first: the first candidate only, "
+                             "which spares minutes of fla's autotuning per new model width (same results up to rounding)")
 
 
 def synth_overrides(args: argparse.Namespace) -> dict[str, str]:
@@ -91,7 +94,7 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     cache = None if args.cache_dir in ("", "none") else args.cache_dir
     results = run_synthetic(args.task, model_factory, out=args.out, overrides=overrides, preset=args.preset, device=args.device,
                             cache_dir=cache, label=args.label, progress=not args.no_progress, resume=args.resume, jobs=args.jobs,
-                            stop_after_steps=args.stop_after_steps)
+                            stop_after_steps=args.stop_after_steps, autotune=args.autotune)
     print(report([args.out]))
     print(f"wrote {Path(args.out) / 'results.json'} in {results['seconds']:.0f} s")
     if not results["complete"]:

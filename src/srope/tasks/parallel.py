@@ -80,6 +80,9 @@ def _init_worker(event, counter, budget: int | None, parent: int, threads: int) 
         import torch
 
         torch.set_num_threads(threads)
+    from srope.tasks import autotune
+
+    autotune.apply()  # the parent's mode, inherited through the environment
     _WORKER.update(control=SharedControl(event, counter, budget, parent), prepared={})
 
 

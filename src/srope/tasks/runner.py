@@ -365,7 +365,8 @@ def default_label(cfg) -> str:
 
 def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, overrides: dict[str, Any] | None = None, preset: str | None = None,
                   device: str | torch.device | None = None, cache_dir: Path | str | None = "default", label: str | None = None,
-                  progress: bool = True, plot: bool = True, resume: bool = False, jobs: int = 1, stop_after_steps: int | None = None) -> dict:
+                  progress: bool = True, plot: bool = True, resume: bool = False, jobs: int = 1, stop_after_steps: int | None = None,
+                  autotune: str | None = None) -> dict:
     """Run ``task`` (``"mqar"``, ``"mad"``, ``"copying"``, ``"state_tracking"``) for one model.
 
     ``overrides`` are ``--set`` style (``{"lrs": "1e-3", "model.hidden_size": 64,
@@ -381,9 +382,14 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
     ``stop_after_steps`` ends this call after about that many optimiser steps, with
     checkpoints, and returns the partial results (``"complete": False``); a SIGINT or
     SIGTERM ends it after the step in progress the same way and raises
-    ``srope.train.stops.StopRequested``. Each call appends its provenance
-    (:func:`srope.provenance.record`) to ``results["provenance"]``.
+    ``srope.train.stops.StopRequested``. ``autotune`` (``"full"`` or ``"first"``; default
+    ``$SROPE_AUTOTUNE`` or full) is how much Triton autotunes (:mod:`srope.tasks.autotune`).
+    Each call appends its provenance (:func:`srope.provenance.record`, with the autotune
+    mode) to ``results["provenance"]``.
     """
+    from srope.tasks import autotune as autotuning
+
+    autotune = autotuning.apply(autotune)
     module = get_task(task)
     preset_name = module.DEFAULT_PRESET if preset is None else preset
     cfg = resolve_preset(task, preset_name, overrides)
@@ -418,7 +424,7 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
                     results["threads"] = threads
             elif label is not None:
                 results["label"] = label
-            return _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress, plot, resume, jobs, threads, stop_after_steps)
+            return _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress, plot, resume, jobs, threads, stop_after_steps, autotune)
     except Exception:
         if not resume and not _has_progress(out):  # a failed start leaves nothing behind
             if created:
@@ -524,7 +530,7 @@ def _say(text: str) -> None:
     tqdm.write(text, file=sys.stderr)
 
 
-def _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress, plot, resume, jobs, threads, stop_after_steps) -> dict:
+def _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress, plot, resume, jobs, threads, stop_after_steps, autotune) -> dict:
     """The sweep of :func:`run_synthetic` once its arguments are resolved and checked."""
     from srope import provenance
 
@@ -535,7 +541,8 @@ def _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress,
     done = {_record_key(record): record for record in results["runs"]}
     pending = [spec for spec in specs if spec.key not in done]
     began = time.perf_counter()
-    call = provenance.record(seeds=list(cfg.seeds), device=str(dev), wall_s=0.0, jobs=jobs, threads=threads or torch.get_num_threads(), resumed=resume)
+    call = provenance.record(seeds=list(cfg.seeds), device=str(dev), wall_s=0.0, jobs=jobs, threads=threads or torch.get_num_threads(), resumed=resume,
+                             autotune=autotune)
     results.setdefault("provenance", []).append(call)
     outer = tqdm(total=len(specs), initial=len(specs) - len(pending), desc=f"{task} {results['label']}", disable=not progress, dynamic_ncols=True)
 
