@@ -103,12 +103,43 @@ def generate_ms(model, args, vocab: int) -> dict:
             "generate_s_all": [round(t, 5) for t in fulls], "prefill_and_first_s_all": [round(t, 5) for t in ones]}
 
 
+def decode_kernels(model, args, vocab: int) -> dict:
+    """The CUDA kernels of one eager decoding step after the prompt (what a graphed step
+    replays): how many, and their summed GPU time. A replayed step of tiny kernels costs
+    about their count times the GPU's per-kernel overhead, so this says where ms/token goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(1)
+    device = next(model.parameters()).device
+    prompt = torch.randint(3, vocab, (1, args.prompt), device=device)
+    graphs = getattr(model, "decode_graphs", None)
+    if graphs is not None:
+        model.decode_graphs = False
+    try:
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+            out = model(prompt, use_cache=True)
+            cache = out.past_key_values if getattr(out, "past_key_values", None) is not None else out.cache
+            token = out.logits[:, -1:].argmax(-1)
+            for _ in range(2):  # warm: autotuning and lazy initialisation
+                model(token, past_key_values=cache, use_cache=True)
+            torch.cuda.synchronize(device) if device.type == "cuda" else None
+            with profile(activities=[ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU]) as prof:
+                model(token, past_key_values=cache, use_cache=True)
+                torch.cuda.synchronize(device) if device.type == "cuda" else None
+    finally:
+        if graphs is not None:
+            model.decode_graphs = graphs
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"decode_kernels": len(kernels), "decode_kernel_ms": sum(e.time_range.elapsed_us() for e in kernels) / 1e3}
+
+
 def srope_generate(args, position: str) -> dict:
     from srope.models import SRopeForCausalLM, preset_config
 
     torch.manual_seed(0)
     model = SRopeForCausalLM(preset_config(args.preset, position=position)).cuda().eval()
     record = {"position": position} | generate_ms(model, args, model.config.vocab_size)  # the default: graphed decoding
+    record |= {("decode_error" if k == "error" else k): v for k, v in _attempt(decode_kernels, model, args, model.config.vocab_size).items()}
     model.decode_graphs = False
     record |= {f"{k}_eager": v for k, v in generate_ms(model, args, model.config.vocab_size).items()}
     del model
@@ -122,6 +153,7 @@ def fla_generate(args) -> dict:
     torch.manual_seed(0)
     model = GLAForCausalLM(fla_config(args.preset)).cuda().eval()
     record = {"model": "fla GLAForCausalLM"} | generate_ms(model, args, model.config.vocab_size)
+    record |= {("decode_error" if k == "error" else k): v for k, v in _attempt(decode_kernels, model, args, model.config.vocab_size).items()}
     del model
     torch.cuda.empty_cache()
     return record
@@ -182,10 +214,11 @@ def main() -> int:
         speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r] or [float("nan")]
         lines.append(f"| {name} | {mode} | {statistics.median(speeds):,.0f} | {min(speeds):,.0f} – {max(speeds):,.0f} "
                      f"| {max(r.get('peak_gib', float('nan')) for r in rows):.1f} | {sum(r.get('wall_s', 0.0) for r in rows):.0f} |")
-    lines += ["", "| generate | ms/token | ms/token, decode_graphs off |", "|---|---|---|"]
+    lines += ["", "| generate | ms/token | ms/token, decode_graphs off | kernels per decode step | their GPU ms |", "|---|---|---|---|---|"]
     for r in report["generate"]:
         lines.append(f"| {r.get('position', r.get('model', r.get('job')))} | {r.get('generate_ms_per_token', float('nan')):.2f} "
-                     f"| {r.get('generate_ms_per_token_eager', float('nan')):.2f} |")
+                     f"| {r.get('generate_ms_per_token_eager', float('nan')):.2f} | {r.get('decode_kernels', '—')} "
+                     f"| {r.get('decode_kernel_ms', float('nan')):.3f} |")
     table = "\n".join(lines)
     Path(args.out).with_suffix(".md").write_text(f"{report['environment'].get('gpu')}, commit {report['environment']['commit']}\n\n{table}\n")
     print(table)
