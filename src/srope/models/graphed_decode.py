@@ -36,6 +36,18 @@ def _layout(layers) -> tuple:
     return tuple((tuple(t.shape), t.dtype) for t in _tensors(layers))
 
 
+def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``t.copy_(s)`` for every pair, as one multi-tensor copy per dtype: the captured step
+    then holds a few copy kernels instead of one per state tensor (four to six per layer)."""
+    groups: dict[torch.dtype, tuple[list, list]] = {}
+    for target, source in zip(targets, sources, strict=True):
+        pair = groups.setdefault(target.dtype, ([], []))
+        pair[0].append(target)
+        pair[1].append(source)
+    for group_targets, group_sources in groups.values():
+        torch._foreach_copy_(group_targets, group_sources)
+
+
 class DecodeGraphs:
     """The captured decoding steps of one model, by batch size, autocast dtype and state layout."""
 
@@ -109,8 +121,7 @@ class _DecodeGraph:
         new = _tensors(getattr(out, CACHE_FIELD).layers)
         if [(t.shape, t.dtype) for t in new] != [(t.shape, t.dtype) for t in self.static]:
             raise RuntimeError("the decoding state changed its layout; only fixed-size (recurrent) states can be replayed")
-        for static, value in zip(self.static, new):
-            static.copy_(value)
+        _copy_all(self.static, new)
         return logits
 
     def step(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
