@@ -88,6 +88,12 @@ def record_launches() -> list:
         None, torch.zeros(4, 64), torch.zeros(8, 4, **bf16), True,
     )
     decode._inputs_op(torch.zeros(8, 1024, **bf16), torch.zeros(4, 256, 68), torch.zeros(4), 64, 1e-6)  # GLA-370M, standard gate
+    # the step that computes those inputs itself (GLA-370M's generator in float32: a float32 conv state)
+    decode._decode_op(
+        torch.zeros(8, 1, 4, 128, **bf16), torch.zeros(8, 1, 4, 128, **bf16), None, torch.zeros(8, 256, 3), torch.zeros(256, 4),
+        torch.zeros(8, 4, 64, dtype=torch.float64), torch.ones(64), None, torch.zeros(4, 64), None, True,
+        torch.zeros(8, 1024, **bf16), torch.zeros(4, 256, 68), torch.zeros(4), 1e-6,
+    )
     # the generator projection's backward at GLA-370M, with and without the weight gradient
     projection_grad.backward_kernel = Recorder(projection_grad.backward_kernel, "backward_kernel", calls)
     # (and with the host's gradient of the forward's cast added in: x is then that bf16 cast)
@@ -147,7 +153,7 @@ def signature(recorder, args, kwargs, extra):
     sig, constants, attrs = {}, {}, {}
     divisible = [["tt.divisibility", 16]]
     for index, name in enumerate(fn.arg_names):
-        value = values[name]
+        value = values[name] if name in values else fn.params[index].default  # a constexpr left at its default
         if fn.params[index].is_constexpr or value is None:
             sig[name], constants[name] = "constexpr", value
         elif isinstance(value, torch.Tensor):

@@ -108,6 +108,14 @@ BAD = [
     ("gate", dict(gate=torch.zeros(2, 1, 3)), ValueError, "gate must be"),
     ("activation", dict(activation="gelu"), ValueError, "activation must be one of"),
     ("not a tensor", dict(u=[0.0]), TypeError, "u must be a torch.Tensor"),
+    ("u and x", dict(x=torch.zeros(2, 1, 16), first_layers=torch.zeros(2, 8, 3), eps=1e-6), ValueError, "either u .* or x"),
+    ("x without first layers", dict(u=None, x=torch.zeros(2, 1, 16), eps=1e-6), ValueError, "with x, give first_layers"),
+    ("x with a gate", dict(u=None, x=torch.zeros(2, 1, 16), first_layers=torch.zeros(2, 8, 3), eps=1e-6, gate=torch.zeros(2, 1, 2)),
+     ValueError, "instead of gate"),
+    ("x hidden", dict(u=None, x=torch.zeros(2, 1, 15), first_layers=torch.zeros(2, 8, 3), eps=1e-6), ValueError, "x must be"),
+    ("x count", dict(u=None, x=torch.zeros(3, 1, 16), first_layers=torch.zeros(2, 8, 3), eps=1e-6), ValueError, "N = 2"),
+    ("first layers' width", dict(u=None, x=torch.zeros(2, 1, 16), first_layers=torch.zeros(2, 8, 4), eps=1e-6), ValueError,
+     "weight's last dimension must be R = 3"),
 ]
 
 
@@ -116,6 +124,37 @@ def test_decode_step_bad_inputs(name, overrides, error, match, device):
     overrides = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in overrides.items()}
     with pytest.raises(error, match=match):
         selective_rope_decode_step(**_args(device, **overrides))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("gate", ["standard", None])
+@pytest.mark.parametrize("hidden,heads,rotary,conv", [(24, 2, 6, 4), (64, 4, 8, 3)])
+def test_one_kernel_step_equals_inputs_then_step(dtype, gate, hidden, heads, rotary, conv, device):
+    """The step that computes u and the gate from x in its own kernel gives what the
+    inputs kernel followed by the step gives: the same sums and roundings (bitwise under the
+    interpreter; compiled, a sum's order may follow the kernel's layout)."""
+    torch.manual_seed(11)
+    module = SelectiveRoPE(hidden, heads, 8, rotary_dim=rotary, gate=gate, bias=True, conv_size=conv).to(device=device, dtype=dtype)
+    g = generator(12)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.add_(torch.randn_like(param) * 0.5)
+        x = randn(3, 1, hidden, seed_gen=g, dtype=dtype).to(device) * 2
+        x[1] = 0  # x̂ = 0 through ε
+        q = randn(3, 1, 2 * heads, 8, seed_gen=g, dtype=dtype).to(device)
+        k = randn(3, 1, heads, 8, seed_gen=g, dtype=dtype).to(device)
+        state = (randn(3, heads * module.pairs, conv - 1, seed_gen=g, dtype=dtype).to(device),
+                 randn(3, heads, module.pairs, seed_gen=g, dtype=torch.float64).to(device) * 50)
+        weight, _ = module._first_layers(dtype)
+        gate_bias = None if gate is None else module.gate.bias
+        common = (state[0], module.conv.kernel(), state[1], module.temperature(dtype, device))
+        options = dict(conv_bias=module.conv.bias, activation=module.conv.activation, bias=module.bias)
+        u, gate_value = decode_generator_inputs(x, weight, module.pairs, gate_bias, module.norm_eps)
+        two = selective_rope_decode_step(q, k, u, *common, gate=gate_value, **options)
+        one = selective_rope_decode_step(q, k, None, *common, x=x, first_layers=weight, gate_bias=gate_bias, eps=module.norm_eps, **options)
+    tol = 1e-6 if dtype == torch.float32 else 1e-13
+    for a, b in zip(one, two, strict=True):
+        assert a.dtype == b.dtype and (torch.equal(a, b) if device == "cpu" else rel_err(a, b) < tol)
 
 
 def test_long_decode_with_bias_in_a_bf16_cast_model_tracks_prefill(device):

@@ -39,6 +39,11 @@ def test_opcheck_rope_and_decode(device):
         None, randn(2, 3, seed_gen=g, dtype=torch.float32), torch.rand(2, 2, generator=g),
     )
     torch.library.opcheck(_decode_op, tuple(a.to(device) if a is not None else None for a in args) + (True,))
+    # u and the per-head gate computed from x in the step (hidden 16 over 2 key heads, R 3 + 2 gate shares)
+    from_x = (None if i == 2 else a for i, a in enumerate(args[:9]))
+    tail = (None, True, randn(2, 16, seed_gen=g, dtype=torch.float32), randn(2, 8, 5, seed_gen=g, dtype=torch.float32),
+            randn(2, seed_gen=g, dtype=torch.float32), 1e-6)
+    torch.library.opcheck(_decode_op, tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in (*from_x, *tail)))
 
 
 def test_torch_compile_keeps_the_op_in_one_graph(device):

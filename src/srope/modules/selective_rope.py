@@ -354,22 +354,24 @@ class SelectiveRoPE(PositionEncoding):
 
     def decode_step(self, q, k, x, state: SelectiveRoPEState):
         """One token per sequence (q/k ``[N,1,..]``, x ``[N,1,hidden]``) through the fused
-        Triton step: conv window, activation, bias, gate, phase, rotation in one launch,
-        after one more that computes the generator's inputs from x (full-rank ω with a
-        standard or no gate; other configurations compute them with torch)."""
-        from srope.ops.triton import decode_generator_inputs, selective_rope_decode_step
+        Triton step: the generator's inputs from x (full-rank ω with a standard or no gate),
+        conv window, activation, bias, gate, phase and rotation in one launch; other
+        configurations compute the inputs with torch first."""
+        from srope.ops.triton import selective_rope_decode_step
 
+        common = dict(conv_bias=self.conv.bias, activation=self.conv.activation, bias=self.bias)
         with torch.autocast(x.device.type, enabled=False):
             if self.projection == "full-rank" and self.gate_type in (None, "standard"):
                 weight, _ = self._first_layers(compute_dtype(x.dtype))
                 gate_bias = None if self.gate is None else self.gate.bias.to(weight.dtype)
-                u, gate = decode_generator_inputs(x, weight, self.pairs, gate_bias, self.norm_eps)
+                inputs = dict(x=x, first_layers=weight, gate_bias=gate_bias, eps=self.norm_eps)
+                u, dtype = None, weight.dtype
             else:
                 u, gate = self.generator_inputs(x)
-        temperature = self.temperature(compute_dtype(q.dtype, u.dtype), q.device)
+                inputs, dtype = dict(gate=gate), u.dtype
+        temperature = self.temperature(compute_dtype(q.dtype, dtype), q.device)
         q, k, conv, phase = selective_rope_decode_step(
-            q, k, u, state.conv, self.conv.kernel().to(u.device), state.phase, temperature,
-            conv_bias=self.conv.bias, activation=self.conv.activation, bias=self.bias, gate=gate,
+            q, k, u, state.conv, self.conv.kernel().to(q.device), state.phase, temperature, **common, **inputs,
         )
         return q, k, SelectiveRoPEState(conv, phase)
 
