@@ -27,6 +27,9 @@
 #                 warm machine, its checkpoint staying there: COPY_SECONDS=900 (max_seconds:
 #                 a total over both calls, equal in both) and COPY_STOP_AFTER=3000 (stop with a
 #                 checkpoint) in the first; COPY_SECONDS=900 alone in the next, which resumes
+#   mqar          Fig. 6 (sequence 512, 64 pairs): NoPE, RoPE and Selective RoPE sweeps over widths,
+#                 learning rates and seeds (MQAR_WIDTHS, MQAR_LRS, MQAR_SEEDS; MQAR_JOBS runs of a
+#                 sweep at once; MQAR_SET: more --set, e.g. a budget), continued by later calls
 #   collect       waits (while the call lasts) for stages started with DETACH=1, printing their
 #                 progress every PROGRESS_S seconds, then copies their packed results to $OUT
 # AUTOTUNE=first runs every synthetic run with `--autotune first` (SROPE_AUTOTUNE): fla's
@@ -194,6 +197,20 @@ copying-srope copying --position selective_rope $C
 copying-srope-gate-bias copying --position selective_rope --set position.gate=per-channel --set position.bias=true $C
 LIST
       pack_synth copying copying- ;;
+    mqar)
+      # Fig. 6 at sequence 512 with 64 pairs: one sweep per encoding over MQAR_WIDTHS x
+      # MQAR_LRS x MQAR_SEEDS, MQAR_JOBS runs of each at once, the three sweeps side by side;
+      # MQAR_SET adds --set options (a budget: epochs=..., max_seconds=...). Autotuning cut to
+      # the first candidate that runs unless AUTOTUNE says otherwise (minutes per width).
+      export SROPE_AUTOTUNE=${AUTOTUNE:-first}
+      local M="--set configs=512x64 --set d_models=${MQAR_WIDTHS:-64,128,256,512} --set lrs=${MQAR_LRS:-0.0001,0.000464,0.00215,0.01}"
+      M="$M --set seeds=${MQAR_SEEDS:-0,1,2} --jobs ${MQAR_JOBS:-4} ${MQAR_SET:-}"
+      synth_all <<LIST
+mqar-nope warm mqar --position nope $M
+mqar-rope mqar --position rope $M
+mqar-srope mqar --position selective_rope $M
+LIST
+      pack_synth mqar mqar- ;;
     *) echo "unknown stage $1"; exit 2 ;;
   esac
 }
