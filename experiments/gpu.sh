@@ -30,6 +30,8 @@
 #   mqar          Fig. 6 (sequence 512, 64 pairs): NoPE, RoPE and Selective RoPE sweeps over widths,
 #                 learning rates and seeds (MQAR_WIDTHS, MQAR_LRS, MQAR_SEEDS; MQAR_JOBS runs of a
 #                 sweep at once; MQAR_SET: more --set, e.g. a budget), continued by later calls
+#   mad           Table 1: the six tasks' baseline settings (MAD_ONLY: others), NoPE, RoPE, Selective
+#                 RoPE and + gate + bias over the paper's optimiser grid (MAD_JOBS, MAD_SET as for mqar)
 #   collect       waits (while the call lasts) for stages started with DETACH=1, printing their
 #                 progress every PROGRESS_S seconds, then copies their packed results to $OUT
 # AUTOTUNE=first runs every synthetic run with `--autotune first` (SROPE_AUTOTUNE): fla's
@@ -211,6 +213,22 @@ mqar-rope mqar --position rope $M
 mqar-srope mqar --position selective_rope $M
 LIST
       pack_synth mqar mqar- ;;
+    mad)
+      # Table 1, first the baseline setting of each of the six tasks (MAD_ONLY: other settings),
+      # the paper's optimiser grid (3 learning rates x 2 weight decays): NoPE, RoPE, Selective
+      # RoPE and Selective RoPE + gate + bias side by side, MAD_JOBS runs of each at once;
+      # MAD_SET adds --set options. Autotuning as for mqar.
+      export SROPE_AUTOTUNE=${AUTOTUNE:-first}
+      local base=in-context-recall/baseline,fuzzy-in-context-recall/baseline,noisy-in-context-recall/baseline
+      base=$base,selective-copying/baseline,compression/baseline,memorization/baseline
+      local A="--set only=${MAD_ONLY:-$base} --jobs ${MAD_JOBS:-4} ${MAD_SET:-}"
+      synth_all <<LIST
+mad-nope warm mad --position nope $A
+mad-rope mad --position rope $A
+mad-srope mad --position selective_rope $A
+mad-srope-gate-bias mad --position selective_rope --set position.gate=per-channel --set position.bias=true $A
+LIST
+      pack_synth mad mad- ;;
     *) echo "unknown stage $1"; exit 2 ;;
   esac
 }
