@@ -146,6 +146,18 @@ def entries(calls: int) -> dict:
                     increments = pe.phase_increments(x, RowLayout(1, length))[0]
                 increments.float().sum().backward()
 
+            def first_layers(pe=pe):
+                pe._first_layers(torch.float32)[0].sum().backward()
+
+            def projection(pe=pe):
+                with torch.autocast("cuda", torch.bfloat16, enabled=False):
+                    parts = pe.project(x, torch.bfloat16)
+                sum(part.sum() for part in parts).backward()
+
+            # the generator's pieces, each with what it needs before it: the differences
+            # between consecutive rows are the projection's and the conv-gate's own cost
+            cases["Selective RoPE generator: first layers (weight norm), fwd + bwd"] = first_layers
+            cases["Selective RoPE generator: + normalised projection, fwd + bwd"] = projection
             cases["Selective RoPE generator: forward + backward"] = generator
     results = {}
     for name, fn in cases.items():
