@@ -5,7 +5,9 @@ what the CPU spends issuing it. From the bottom up: plain Python (the machine's 
 op, an empty Triton kernel launched through its JIT entry point (few and many arguments, with
 and without programmatic dependent launch) and through a ``torch.library`` custom op, then
 srope's ops and the GLA layer with each position encoding (forward, forward + backward), and the
-Selective RoPE generator alone.
+Selective RoPE generator and its pieces. Then cProfile of the forward + backward entries named
+by ``--profile`` (the backward run on the calling thread), the functions with the most time of
+their own.
 
     python benchmarks/bench_host.py --out out/bench/host.json
 """
@@ -13,6 +15,8 @@ Selective RoPE generator alone.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import sys
 import time
@@ -68,7 +72,7 @@ def host_us(fn, calls: int, rounds: int = 5) -> dict:
             "host_us_rounds": [round(h, 2) for h in host]}
 
 
-def entries(calls: int) -> dict:
+def build_cases() -> dict:
     dev = torch.device("cuda")
     small = [torch.zeros(1024, device=dev) for _ in range(12)]
     ints = list(range(1, 13))
@@ -159,6 +163,10 @@ def entries(calls: int) -> dict:
             cases["Selective RoPE generator: first layers (weight norm), fwd + bwd"] = first_layers
             cases["Selective RoPE generator: + normalised projection, fwd + bwd"] = projection
             cases["Selective RoPE generator: forward + backward"] = generator
+    return cases
+
+
+def entries(cases: dict, calls: int) -> dict:
     results = {}
     for name, fn in cases.items():
         try:
@@ -169,14 +177,53 @@ def entries(calls: int) -> dict:
     return results
 
 
+def _where(code: tuple) -> str:
+    path, line, function = code
+    for marker in ("site-packages/", "src/", "benchmarks/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{function} {path}:{line}"
+
+
+def python_profile(fn, calls: int, top: int = 30) -> list[dict]:
+    """cProfile of ``calls`` calls, the backward on this thread (autograd's device threads
+    are invisible to cProfile): the functions with the most time of their own, µs per call."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    with torch.autograd.set_multithreading_enabled(False):
+        profiler.enable()
+        for _ in range(calls):
+            fn()
+        profiler.disable()
+    torch.cuda.synchronize()
+    rows = sorted(pstats.Stats(profiler).stats.items(), key=lambda item: -item[1][2])[:top]
+    return [{"function": _where(code), "calls": round(nc / calls, 2), "self_us": round(tt / calls * 1e6, 1), "total_us": round(ct / calls * 1e6, 1)}
+            for code, (_, nc, tt, ct, _) in rows]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="out/bench/host.json")
     parser.add_argument("--calls", type=int, default=200, help="calls per round (5 rounds, median)")
+    parser.add_argument("--profile", default="GLA layer,generator", metavar="WORDS",
+                        help="cProfile the fwd+bwd entries whose names contain one of these comma-separated words ('' for none)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_host measures launches on a GPU: no CUDA device here")
-    report = {"environment": {**environment(), "commit": git_commit()}, "command": " ".join(sys.argv), "calls": args.calls, "entries": entries(args.calls)}
+    cases = build_cases()
+    report = {"environment": {**environment(), "commit": git_commit()}, "command": " ".join(sys.argv), "calls": args.calls,
+              "entries": entries(cases, args.calls), "profiles": {}}
+    words = [w for w in args.profile.split(",") if w]
+    for name, fn in cases.items():
+        if "backward" in name and any(w in name for w in words):
+            try:
+                report["profiles"][name] = python_profile(fn, args.calls)
+            except Exception as error:  # noqa: BLE001
+                report["profiles"][name] = [{"error": repr(error)[-300:]}]
+            print(name, [f"{r.get('self_us')} {r.get('function')}" for r in report["profiles"][name][:8]], flush=True)
     write_json(args.out, report)
     return 0
 
