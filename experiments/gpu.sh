@@ -165,6 +165,14 @@ collect() {
   echo "== $(date +%T)"; tail -n 12 out/gpu/detached-*.log; progress
   cp out/gpu/*.tgz "$R"/ 2>/dev/null; ls -la "$R"
 }
+# The synth_all lines of the paper's four variants of TASK with ARGS: NoPE (warming the caches),
+# RoPE, Selective RoPE, Selective RoPE + gate + bias, as TASK-nope ... TASK-srope-gate-bias.
+four_variants() {
+  local task=$1 args=$2
+  printf '%s\n' "$task-nope warm $task --position nope $args" "$task-rope $task --position rope $args" \
+    "$task-srope $task --position selective_rope $args" \
+    "$task-srope-gate-bias $task --position selective_rope --set position.gate=per-channel --set position.bias=true $args"
+}
 pack_synth() { (cd out && tar czf "$R/$1.tgz" --exclude=checkpoints --exclude='*.safetensors' synth/$2*); ls -la "$R/$1.tgz"; }
 
 mkdir -p out/synth out/demo
@@ -192,12 +200,7 @@ LIST
       # The warm-up's evaluation is cut short: only its training step fills a cache.
       local C="--set seeds=${COPY_SEEDS:-0} --set eval_batch_size=1000 --set max_seconds=${COPY_SECONDS:-@LEFT@}"
       [ -n "${COPY_STOP_AFTER:-}" ] && C="$C --stop-after-steps $COPY_STOP_AFTER"
-      EVAL_MARGIN=${EVAL_MARGIN:-150} WARM_SET="--set eval_lengths=2-8 --set eval_examples=16" synth_all <<LIST
-copying-nope warm copying --position nope $C
-copying-rope copying --position rope $C
-copying-srope copying --position selective_rope $C
-copying-srope-gate-bias copying --position selective_rope --set position.gate=per-channel --set position.bias=true $C
-LIST
+      four_variants copying "$C" | EVAL_MARGIN=${EVAL_MARGIN:-150} WARM_SET="--set eval_lengths=2-8 --set eval_examples=16" synth_all
       pack_synth copying copying- ;;
     mqar)
       # Fig. 6 at sequence 512 with 64 pairs: one sweep per encoding over MQAR_WIDTHS x
@@ -222,12 +225,7 @@ LIST
       local base=in-context-recall/baseline,fuzzy-in-context-recall/baseline,noisy-in-context-recall/baseline
       base=$base,selective-copying/baseline,compression/baseline,memorization/baseline
       local A="--set only=${MAD_ONLY:-$base} --jobs ${MAD_JOBS:-4} ${MAD_SET:-}"
-      synth_all <<LIST
-mad-nope warm mad --position nope $A
-mad-rope mad --position rope $A
-mad-srope mad --position selective_rope $A
-mad-srope-gate-bias mad --position selective_rope --set position.gate=per-channel --set position.bias=true $A
-LIST
+      four_variants mad "$A" | synth_all
       pack_synth mad mad- ;;
     *) echo "unknown stage $1"; exit 2 ;;
   esac
