@@ -359,7 +359,6 @@ class SelectiveRoPE(PositionEncoding):
         configurations compute the inputs with torch first."""
         from srope.ops.triton import selective_rope_decode_step
 
-        common = dict(conv_bias=self.conv.bias, activation=self.conv.activation, bias=self.bias)
         with torch.autocast(x.device.type, enabled=False):
             if self.projection == "full-rank" and self.gate_type in (None, "standard"):
                 weight, _ = self._first_layers(compute_dtype(x.dtype))
@@ -371,7 +370,8 @@ class SelectiveRoPE(PositionEncoding):
                 inputs, dtype = dict(gate=gate), u.dtype
         temperature = self.temperature(compute_dtype(q.dtype, dtype), q.device)
         q, k, conv, phase = selective_rope_decode_step(
-            q, k, u, state.conv, self.conv.kernel().to(q.device), state.phase, temperature, **common, **inputs,
+            q, k, u, state.conv, self.conv.kernel().to(q.device), state.phase, temperature,
+            conv_bias=self.conv.bias, activation=self.conv.activation, bias=self.bias, **inputs,
         )
         return q, k, SelectiveRoPEState(conv, phase)
 
