@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from srope.ops.mixers import _common as common
-from srope.ops.mixers import delta_rule
+from srope.ops.mixers import attention, delta_rule
 from srope.ops.mixers import forgetting_attention, gated_delta_rule, gla, softmax_attention
 from srope.ops.mixers.attention import attention_torch
 from srope.ops.mixers.delta_rule import gated_delta_rule_torch
@@ -274,3 +274,16 @@ def test_warnings_trace_without_graph_breaks(monkeypatch):
     assert explained.graph_break_count == 0, explained.break_reasons
     assert torch.equal(torch.compile(step, backend="eager", fullgraph=True)(torch.ones(3)), torch.full((3,), 6.0))
     assert issued == ["srope test warning"]
+
+
+def test_attention_rows_too_wide_for_fla_take_torch(fake):
+    """float32 at head size 128 (512 bytes a row) overflows fla's shared memory on Hopper:
+    auto takes the torch path, backend="fla" says why; 16-bit at 128 fits."""
+    q, k, v, f = (t.float() for t in attention_inputs(1, 20, 20, 2, 2, 128, 128, seed=8))
+    cu = torch.tensor([0, 7, 20])
+    softmax_attention(q, k, v, cu_seqlens=cu)
+    forgetting_attention(q, k, v, f, cu_seqlens=cu)
+    assert fake.calls == []
+    with pytest.raises(ValueError, match="shared memory at 512 bytes"):
+        forgetting_attention(q, k, v, f, cu_seqlens=cu, backend="fla")
+    assert attention._fla_problem(q.bfloat16(), k.bfloat16(), v.bfloat16()) is None

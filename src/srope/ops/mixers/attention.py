@@ -26,6 +26,11 @@ from srope.ops.mixers import _common as common
 from srope.ops.reference import compute_dtype, sequence_ids
 
 BLOCK_ELEMENTS = 2**24  # scores per query block of the explicit path (B·H·block·Tk); 128 MB of float64 gate sums
+# fla 0.6.0's parallel attention holds whole head rows of q, k and v in shared memory (tiles of
+# 128 queries and 64 keys, head size padded to a power of two, no autotuning): at 512 bytes
+# per row (float32 at head size 128, 16-bit at 256) it asks for 263,168 B on Hopper, more than
+# an H200 has (232,448), and fails at launch.
+FLA_MAX_ROW_BYTES = 256
 
 
 def _visible(positions, key_len, seq, key_mask):
@@ -163,6 +168,10 @@ def _fla_problem(q, k, v) -> str | None:
         return f"fla's parallel attention needs Tq == Tk (no KV cache), got Tq={q.shape[1]}, Tk={k.shape[1]}"
     if max(q.shape[-1], v.shape[-1]) > common.FLA_MAX_HEAD_DIM:
         return f"fla's parallel attention takes head dims <= {common.FLA_MAX_HEAD_DIM}"
+    row = q.element_size() << (max(q.shape[-1], v.shape[-1]) - 1).bit_length()  # bytes per padded head row
+    if row > FLA_MAX_ROW_BYTES:
+        return (f"fla's parallel attention runs out of shared memory at {row} bytes per head row "
+                f"({q.dtype}, head dims {q.shape[-1]}/{v.shape[-1]}); it fits up to {FLA_MAX_ROW_BYTES}")
     return common.fla_dtype_problem(q)
 
 
