@@ -206,10 +206,12 @@ LIST
       # Fig. 6 at sequence 512 with 64 pairs: one sweep per encoding over MQAR_WIDTHS x
       # MQAR_LRS x MQAR_SEEDS, MQAR_JOBS runs of each at once, the three sweeps side by side;
       # MQAR_SET adds --set options (a budget: epochs=..., max_seconds=...). Autotuning cut to
-      # the first candidate that runs unless AUTOTUNE says otherwise (minutes per width).
+      # the first candidate that runs unless AUTOTUNE says otherwise (minutes per width). Each run
+      # process held about 12 GiB on the H200: 3 sweeps x 4 jobs ran it out of memory, 3 x 3
+      # leaves about 30 GiB.
       export SROPE_AUTOTUNE=${AUTOTUNE:-first}
       local M="--set configs=512x64 --set d_models=${MQAR_WIDTHS:-64,128,256,512} --set lrs=${MQAR_LRS:-0.0001,0.000464,0.00215,0.01}"
-      M="$M --set seeds=${MQAR_SEEDS:-0,1,2} --jobs ${MQAR_JOBS:-4} ${MQAR_SET:-}"
+      M="$M --set seeds=${MQAR_SEEDS:-0,1,2} --jobs ${MQAR_JOBS:-3} ${MQAR_SET:-}"
       synth_all <<LIST
 mqar-nope warm mqar --position nope $M
 mqar-rope mqar --position rope $M
@@ -220,11 +222,11 @@ LIST
       # Table 1, first the baseline setting of each of the six tasks (MAD_ONLY: other settings),
       # the paper's optimiser grid (3 learning rates x 2 weight decays): NoPE, RoPE, Selective
       # RoPE and Selective RoPE + gate + bias side by side, MAD_JOBS runs of each at once;
-      # MAD_SET adds --set options. Autotuning as for mqar.
+      # MAD_SET adds --set options. Autotuning as for mqar; jobs kept as low as mqar's.
       export SROPE_AUTOTUNE=${AUTOTUNE:-first}
       local base=in-context-recall/baseline,fuzzy-in-context-recall/baseline,noisy-in-context-recall/baseline
       base=$base,selective-copying/baseline,compression/baseline,memorization/baseline
-      local A="--set only=${MAD_ONLY:-$base} --jobs ${MAD_JOBS:-4} ${MAD_SET:-}"
+      local A="--set only=${MAD_ONLY:-$base} --jobs ${MAD_JOBS:-2} ${MAD_SET:-}"
       four_variants mad "$A" | synth_all
       pack_synth mad mad- ;;
     *) echo "unknown stage $1"; exit 2 ;;
