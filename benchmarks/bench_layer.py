@@ -3,7 +3,7 @@ forward and forward+backward under bf16 autocast (float32 weights, as in trainin
 breakdown of the GLA + Selective RoPE layer into projections, angle generator, rotation and
 kernel.
 
-    python benchmarks/bench_layer.py --out benchmarks/results/layer_h200.json
+    python benchmarks/bench_layer.py --out out/bench/layer_h200.json
 
 writes the JSON and a markdown table beside it. ``--dry-run`` runs tiny sizes on the CPU.
 """

@@ -1,7 +1,7 @@
 """Model-level benchmark: training tokens/s and peak memory of a preset with each position
 encoding (same batch, same run), and decode latency per token after a prefill.
 
-    python benchmarks/bench_model.py --preset gla-370m --out benchmarks/results/model_h200.json
+    python benchmarks/bench_model.py --preset gla-370m --out out/bench/model_h200.json
 
 A training step is forward + backward under bf16 autocast (float32 weights) + fused AdamW,
 on random token ids; tokens/s is batch·length over the median step time (after warm-up).

@@ -24,7 +24,7 @@ float32), plus per-chunk float64 vectors.
 
 Usage (repository root, GPU machine):
 
-    python benchmarks/bench_op.py --out benchmarks/results/op_h200.json
+    python benchmarks/bench_op.py --out out/bench/op_h200.json
 
 writes the JSON and a markdown table beside it (``op_h200.md``). ``--dry-run`` runs the
 plumbing on the CPU with tiny sizes and a wall-clock timer (the Triton entries only under

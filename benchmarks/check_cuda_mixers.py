@@ -13,7 +13,7 @@
 
 Usage (repository root, GPU machine; fla's first calls autotune, see the guide §6):
 
-    python benchmarks/check_cuda_mixers.py --out benchmarks/results/mixers-h200.json
+    python benchmarks/check_cuda_mixers.py --out out/bench/mixers-h200.json
 
 ``--dry-run`` runs the same plumbing on the CPU (tiny sizes, torch backend only). The JSON
 is rewritten after every check and timing, so a run cut short keeps what it finished; split

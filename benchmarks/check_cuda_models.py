@@ -11,7 +11,7 @@ copied to the GPU. Compared (relative RMS error, as fla's get_err_ratio):
 - a packed batch (``cu_seqlens``, 3 documents) against the documents run one by one on CUDA;
 - prefill + cached token-by-token decoding against the full forward on CUDA (float32).
 
-    python benchmarks/check_cuda_models.py --out benchmarks/results/models_cuda_h200.json
+    python benchmarks/check_cuda_models.py --out out/bench/models_cuda_h200.json
 
 ``--dry-run`` compares the CPU with itself at tiny sizes (plumbing only).
 """
@@ -98,7 +98,7 @@ def check_pair(mixer: str, position, device, dry_run: bool) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default="benchmarks/results/models_cuda_h200.json")
+    parser.add_argument("--out", default="out/bench/models_cuda_h200.json")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     device = torch.device("cpu" if args.dry_run else "cuda")

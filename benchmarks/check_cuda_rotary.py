@@ -10,7 +10,7 @@ with ``pytest tests/triton -m gpu``).
 
 Usage (repository root, GPU machine, TRITON_INTERPRET unset):
 
-    python benchmarks/check_cuda_rotary.py --out benchmarks/results/rotary_checks_h200.json
+    python benchmarks/check_cuda_rotary.py --out out/bench/rotary_checks_h200.json
 
 Exit status 1 when a check fails its tolerance (float32 1e-4, bf16 1e-2, phase 1e-3 rad).
 """

@@ -132,7 +132,7 @@ _FILE_PATH = re.compile(r'(?:/[^\s"\\/]+)+/([^/\s"\\]+/[^/\s"\\]+\.py)')
 
 def write_json(path: str | Path, payload: dict, indent: int = 2) -> None:
     """Write ``payload``; file paths in recorded tracebacks are cut to ``package/file.py``
-    (the results are committed; the machine's folders are not ours to publish)."""
+    (results get shared; the machine's folders are not ours to publish)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(_FILE_PATH.sub(r"\1", json.dumps(payload, indent=indent, default=str)) + "\n")

@@ -2,7 +2,7 @@
 one-token decode step of a recurrent model (fixed-size state).
 
 In eager mode at the benchmark's sizes the layers wait on Python (launch overhead:
-``benchmarks/results/profile_host_h200.json``), so eager tokens/s measure the host as much
+``benchmarks/bench_host.py``), so eager tokens/s measure the host as much
 as the kernels. Replaying a captured graph launches the same kernels with no Python in
 between, which is what the issue's "CUDA graphs allowed" targets compare.
 """

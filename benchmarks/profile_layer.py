@@ -8,7 +8,7 @@ RoPE angle generator alone, and of its short convolution alone with each backend
 :func:`srope.ops.conv.short_conv` (PyTorch's ``conv1d`` route, fla's Triton ``causal_conv1d``). Kernel names are shortened to their first 80 characters and summed.
 ``--python``: also where the eager calls' Python time goes (sampled stacks of every thread).
 
-    python benchmarks/profile_layer.py --out benchmarks/results/profile_layer_h200.json
+    python benchmarks/profile_layer.py --out out/bench/profile_layer_h200.json
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ tile configuration, against the torch routes they replace.
 At the GLA-370M generator's shape (8 × 4096 tokens, 4 heads, chunk 256, 64 pairs + 4 gate
 logits), kernel time from ``torch.profiler`` (mean of 5 calls after a warm-up), with the
 bytes the fused kernel must move and the HBM rate they imply, and its error against the
-torch route. (results/tune_projection_forward_tried_h200.json: a fused forward kernel with
-tf32x3 products, measured by an earlier version of this script and then removed.)
+torch route.
 
     python benchmarks/tune_projection_grad.py --out tune_projection_grad.json [--backward-only]
 """

@@ -233,35 +233,7 @@ class DemoConfig:
             raise ValueError(f"grad_clip must be positive or None, got {self.grad_clip}")
 
 
-# Why this recipe (the measurements and every variant screened are in
-# results/demo/screen/HISTORY.md; README "Demo" has the summary):
-# - conv width 1, GLA decay normaliser 256, temperature π with the bias and a per-channel
-#   gate (both angle steps start near π/2): each made seeds learn that did not without it.
-# - projection_gain 8: at gain 1 every rotation pair starts with its "1" and "0" steps
-#   close together, so no pair correlates with parity beyond the first few positions and
-#   most seeds never learn; gain 8 spreads the initial steps (fresh seeds learning at 128:
-#   4 in 10 before, about 9 in 10 after).
-# - phase_noise 0.1: a run that is right at 128 can still have per-token step errors of a
-#   few thousandths of a radian, which add up over 512 tokens (the "drift" in
-#   parity_angles). The noise keeps the loss sensitive to them; σ·√128 ≈ 1.1 rad is about
-#   where the expected loss is most curved in the drift.
-# - weight decay 0.1 except on the encoding, Adam ε 1e-6, label smoothing 0.01, lr 1.5e-3,
-#   larger batches at the short lengths and 350 steps at 128 with the cooldown over them.
-# - ema_decay 0.98: the model scored is the moving average of the weights over the last
-#   stage, which averages the optimiser's step-to-step noise out of the learned angles.
-#   Training is unchanged, so it pairs with the runs without it: 18 of 29 seeds met the
-#   targets against 15 of 29 (4 gained, 1 lost: a run still converging at the end).
-# - lr_by_stage (1, 0.5, 0.35, 0.25): the learning rate falls with the length. An error ε
-#   in a learned step moves the phase at position t by t·ε, so the loss gets sharper in the
-#   angle parameters as the sequences grow; at a constant rate, runs that had solved a
-#   stage jumped back to chance (or above it) within it and after the switches. On the 20
-#   seeds it was chosen on (screens 59 and 60, HISTORY.md) it met the targets on 16 against
-#   the schedule without it on 11, and learned parity at 128 on 19 against 14; on 48 fresh
-#   seeds (screen 61) it met them on 38 (79%) and learned on 45.
-# Before lr_by_stage, on fresh seeds the recipe met the targets on about half (with the EMA
-# about 60%); nothing else screened (longer last stage, more pairs, encoding learning
-# rates, noise schedules, warm-ups after length switches, a finer length curriculum, Adam
-# β2 0.99 / 0.999) was clearly better; see HISTORY.md.
+# Why this recipe, and how often it works: docs/demo.md.
 _SELECTIVE_ROPE = {
     "projection": "full-rank", "conv_size": 1, "conv_activation": None, "bias": True, "gate": "per-channel",
     "spectrum": "uniform", "max_temperature": math.pi,
@@ -291,15 +263,7 @@ CPU = DemoConfig(
 )
 
 # Spelled out (not derived from CPU) so that changes to the CPU recipe leave it as it ran.
-# First run (seed 0, H200; results/demo/cuda-seed0): Selective RoPE 0.286 @128, 0.000 @512.
-# With the CPU recipe's phase noise 0.1, weight decay 0.1 (not on the encoding) and Adam ε
-# 1e-6: 0.013 @128 (cuda-seed0-phase-noise). With projection gain 8 alone: 1.000 / 0.000
-# (drift +6.85 rad; cuda-seed0-gain8). With gain 8 and phase noise 0.1 (this preset):
-# 1.000 / 1.000 on seeds 0, 1 and 2 (drift -0.43, -0.26, +0.21 rad; 105-132 s), NoPE and RoPE
-# <= 0.071 @128 and 0.000 @512 (cuda-seed{0,1,2}-gain8-noise, 4000 sequences per length;
-# run as `benchmarks/screen_demo.py --full` with these overrides of the previous preset).
-# `srope demo --device cuda` with this preset, seeds 0 and 3-6 (results/demo/cuda-cli-seed{0,3,4,5,6}):
-# 1.000 / 1.000 on all five (drift +0.37, +0.26, +0.50, -0.15, -0.01 rad; 87-124 s).
+# Its runs on an H200: docs/demo.md, "On a GPU".
 CUDA = DemoConfig(
     name="cuda",
     model={"hidden_size": 384, "num_hidden_layers": 1, "num_heads": 12, "expand_k": 1.0, "expand_v": 1.0, "use_short_conv": True,

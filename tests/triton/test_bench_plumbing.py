@@ -38,25 +38,3 @@ def test_bench_op_dry_run_writes_the_json_and_table(tmp_path, monkeypatch):
     assert {"decode_srope_fused", "decode_srope_module", "decode_rope_srope"} <= set(by_impl)
     assert by_impl["decode_srope_fused"][0]["fwd_ms"] > 0
     assert out.with_suffix(".md").read_text().count("| srope_triton |") == 2
-
-
-def _variants(tmp_path, monkeypatch, *options):
-    out = tmp_path / "variants.json"
-    monkeypatch.setattr(sys, "argv", ["projection_variants.py", "--small", "--out", str(out), *options])
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its `common`
-    try:
-        runpy.run_path(str(ROOT / "benchmarks" / "projection_variants.py"), run_name="__main__")
-    except SystemExit as done:
-        assert done.code == 0
-    return json.loads(out.read_text())["results"]
-
-
-def test_projection_variants_match_float64(tmp_path, monkeypatch):
-    """The projection variants measured on the GPU compute the shipped projection (one tile each)."""
-    results = _variants(tmp_path, monkeypatch)
-    assert [r["name"].split(" ")[0] for r in results] == ["shipped", "parts:", "dx", "split:", "split,", "forward", "forward", "forward"]
-    assert [r["name"] for r in _variants(tmp_path, monkeypatch, "--only", "forward shipped")] == ["forward shipped"]
-    for record in results:
-        assert "error" not in record and not record.get("wrong"), record
-        errors = [value for key, value in record.items() if key.endswith("_error") and value is not None]
-        assert len(errors) == (1 if record["name"].startswith("dx alone") else 2) and max(errors) <= 1e-6, record

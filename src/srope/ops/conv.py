@@ -3,7 +3,7 @@
 Two paths compute the same thing: :func:`causal_conv` in plain PyTorch (any device), and
 on CUDA flash-linear-attention's Triton ``causal_conv1d`` (fused activation, packed
 sequences, deterministic weight gradients; several times faster than the ``conv1d`` route
-on the H200, see benchmarks/results/profile_layer_h200.json). :func:`short_conv` picks.
+on the H200, as benchmarks/profile_layer.py measures). :func:`short_conv` picks.
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def test_float64_is_not_an_fla_dtype():
 def test_backend_choice_traces_without_graph_breaks(monkeypatch, first):
     """torch.compile of a call that picks fla: fla's import and the choice run on the host
     and cost no graph break, whichever comes first (on the H200 they broke a 2-layer
-    GLA-370M model's graph 12 times, results/compile_cuda_h200.json)."""
+    GLA-370M model's graph 12 times)."""
     kernels = type("Kernels", (), {"chunk_gla": staticmethod(lambda x: x * 2)})()
 
     def import_fla():  # what fla's import did under compile: a break, unless it runs on the host

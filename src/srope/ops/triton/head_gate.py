@@ -18,7 +18,7 @@ With torch that is a sum over heads, an add, a sigmoid, a broadcast add and a br
 multiply, and in the backward the products, two reductions over r and n, the sigmoid's
 gradient and an expand: a dozen kernels, several of them not vectorised (0.3 ms of the
 generator's 1.1 ms at 8 × 4096 tokens × 4 heads × 64 pairs on the H200,
-``benchmarks/results/profile_layer_h200.json``). Here :func:`apply_head_gate` is one kernel
+``benchmarks/profile_layer.py``). Here :func:`apply_head_gate` is one kernel
 each way, the gate recomputed from y (H numbers per token) rather than stored. The logits'
 gradient ``ds·s(1-s)`` reaches every head's share of a logit unchanged, so y's gradient is
 that ``[N, H]`` tensor broadcast over the shares (the projection's backward reads it in

@@ -26,7 +26,7 @@ from srope.ops.triton import kernels
 # SCAN_ELEMENTS, 8 warps): long sequences take long steps (few serial steps when a batch of
 # one leaves few programs), short ones more channels per program. 2048: the best of
 # tune_rotation.py --scan-only on the H200 at 1x65536x4x128 (scans 0.034 ms against 0.040
-# with 4096), the same time at 8x4096x4x128 (results/tune_rotation_scan_h200.json).
+# with 4096), the same time at 8x4096x4x128.
 SCAN_ELEMENTS = 2048
 # The rotation kernels take a whole chunk as one tile: a loop over sub-tiles carries the
 # phase from one to the next and leaves too few loads in flight (H200, 8x4096x4x128 bf16,

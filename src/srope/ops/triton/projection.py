@@ -16,11 +16,10 @@ through one accumulator over the whole chunk (the tensor cores truncate as they 
 error was 8.8e-7 relative to float64, against cuBLAS's float32 2.9e-7; per step it is
 4.5e-7 (H200, GLA-370M shape; a variant holding the chunk in registers for one read of x
 was wrong by 4.9e-5 on the GPU, as are products over all 256 inputs at once, and is not
-used: results/tune_projection_forward_chained_tried_h200.json, tune_projection_h200.json).
+used).
 At 8 × 4096 tokens × 1024 it takes 0.129 ms of kernels with the weight's split, against
 0.269 for the cuBLAS route it replaces (norm reduction, float32 SIMT product, broadcasting multiply; with
-TF32 the product alone takes 0.068 but errs by 2.9e-4), and 0.25 for a ``tf32x3`` kernel
-(results/tune_projection_forward_tried_h200.json). With ``cast`` the first pass also writes
+TF32 the product alone takes 0.068 but errs by 2.9e-4), and 0.25 for a ``tf32x3`` kernel. With ``cast`` the first pass also writes
 x rounded to bf16/fp16: the copy the host's linear maps read under autocast
 (:meth:`srope.modules.SelectiveRoPE.prepare`), at no extra read of x. With ``split`` the
 outputs go to two tensors, columns ``[0, S)`` and ``[S, M)``, one column tile each (the
@@ -46,7 +45,7 @@ dx also gets it added: x then gets one gradient instead of two that autograd add
 0.125; 0.196 in the layer's profile with two stages), against 0.54 for the torch route
 (casts, cuBLAS bf16 products that return bf16, a mixed-dtype add), 0.18 + 0.09 ms for an input-gradient kernel and cuBLAS
 weight-gradient products (benchmarks/tune_projection_grad.py), and 0.216-0.249 for this
-kernel on [tokens, inputs] tiles (benchmarks/projection_variants.py).
+kernel on [tokens, inputs] tiles.
 """
 
 from __future__ import annotations
@@ -178,12 +177,12 @@ def backward_kernel(
 
 # BN tokens x BI of the head chunk per step, with this many warps, pipeline stages and at
 # most this many registers, and at least SLAB tokens per program. At the GLA-370M shape with
-# the host's gradient on the H200 (benchmarks/projection_variants.py): 0.196 ms, against
+# the host's gradient on the H200: 0.196 ms, against
 # 0.207 with two stages, 0.218-0.342 for 7 other tiles and 0.216 for the previous kernel's
-# tile (results/projection_tiles_h200.json); in an earlier run 0.210 with two stages against
+# tile; in an earlier run 0.210 with two stages against
 # 0.249 for the previous kernel on [tokens, inputs] tiles (64 x 128, 8 warps, one stage: 238
 # registers, one program per SM) and 0.208 for a split into dx (writing dz) and a split-K
-# weight gradient (results/projection_variants_h200.json; measured on float32 x, before the
+# weight gradient (measured on float32 x, before the
 # backward read the forward's 16-bit copy of x under autocast). Capped at 128 registers two programs fit on an
 # SM; ptxas then spills 156 bytes (compile_sm90), and the tile is still the fastest measured.
 BACKWARD_TILE = (32, 128, 8, 3, 128)  # BN, BI, warps, stages, maxnreg
@@ -435,14 +434,12 @@ def forward_kernel(
 # GLA-370M shape on the H200 (benchmarks/tune_projection_grad.py). 64 x 64 x 4 took 0.124 but
 # faults there (illegal address, with 1, 2 or 3 stages, 4 or 8 warps) on a head chunk of 40
 # inputs and 68 outputs (tests/triton/test_projection_kernels.py), a Triton 3.6 fault whose
-# cause we have not found; every 32-input tile ran every tested shape
-# (results/projection_forward_tiles_fault_h200.json).
+# cause we have not found; every 32-input tile ran every tested shape.
 FORWARD_TILE = (64, 32, 4, 3)  # BN, BK, warps, software-pipeline stages
 # The norm's pass: inputs per step and software-pipeline stages (with 1 each step's load
 # waits for the last: Triton pipelines only the products' loads by itself). With the cast at
 # the GLA-370M shape on the H200: 0.143 ms, against 0.157 for (32, 1), 0.148 for (32, 3) and
-# 0.155 for (128, 2); three stages of 64 took 0.237 (benchmarks/projection_variants.py,
-# results/projection_variants_h200.json).
+# 0.155 for (128, 2); three stages of 64 took 0.237.
 NORM_PASS = (64, 2)
 INTERPRETED_FORWARD = ((16, 16, 4, 1), (16, 1))  # (FORWARD_TILE, NORM_PASS) under TRITON_INTERPRET=1
 
