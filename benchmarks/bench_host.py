@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, git_commit, write_json  # noqa: E402
 
 from srope.layers import GatedLinearAttention  # noqa: E402
-from srope.ops import reference, rope, selective_rope  # noqa: E402
+from srope.ops import rope, selective_rope  # noqa: E402
+from srope.ops._triton import await_predecessor  # noqa: E402
 from srope.ops.layout import RowLayout  # noqa: E402
-from srope.ops.triton.kernels import await_predecessor  # noqa: E402
+from srope.ops.rotary import naive as reference  # noqa: E402
 
 
 @triton.jit

@@ -30,7 +30,7 @@ HOSTS = {
 }
 POSITIONS = {"nope": "nope", "rope": {"type": "rope", "theta": 500000.0}, "selective_rope": {"type": "selective_rope"}}
 # GLA + Selective RoPE once more with the gate around the generator's conv in torch instead
-# of the fused kernels (srope.ops.triton.head_gate): what the fusion saves, in the same run.
+# of the fused kernels (srope.ops.generator.gate): what the fusion saves, in the same run.
 TORCH_GATE = "selective_rope_torch_gate"
 
 

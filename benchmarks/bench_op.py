@@ -52,7 +52,8 @@ sys.path.insert(2, str(ROOT / "benchmarks"))
 from common import HBM_BYTES_PER_S, environment, graph_ms, write_json
 
 from srope.modules import RoPE, SelectiveRoPE
-from srope.ops import reference, rope, selective_rope
+from srope.ops import rope, selective_rope
+from srope.ops.rotary import naive as reference
 
 SHAPES = [(8, 4096, 4, 128), (1, 65536, 4, 128), (16, 4096, 16, 64), (1, 4096, 4, 128)]
 DRY_SHAPES = [(2, 24, 2, 8), (1, 40, 1, 8)]
@@ -98,7 +99,7 @@ def make_impl(impl: str, shape, dtype, device, block_t=None):
                 raise Skip("Triton on the CPU needs TRITON_INTERPRET=1")
             if block_t is None:
                 return (lambda q, k, phi: selective_rope(q, k, phi, temperature, backend="triton")[:2]), leaves
-            from srope.ops.triton.ops import selective_rope_triton
+            from srope.ops.rotary.chunk import selective_rope_triton
 
             return (lambda q, k, phi: selective_rope_triton(q, k, phi, temperature, block_t=block_t)[:2]), leaves
         if impl == "srope_torch":

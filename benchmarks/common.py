@@ -41,7 +41,7 @@ def environment() -> dict:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     if torch.cuda.is_available():
-        from srope.ops.triton.ops import pdl
+        from srope.ops._triton import pdl
 
         info["gpu"] = torch.cuda.get_device_name()
         info["capability"] = list(torch.cuda.get_device_capability())

@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from benchmarks.bench_layer import HOSTS, POSITIONS, build
+from benchmarks.bench_layer import POSITIONS, build
 from benchmarks.bench_op import kernel_time
 from benchmarks.common import ROOT, environment, median_ms, write_json
 from srope.ops.conv import short_conv

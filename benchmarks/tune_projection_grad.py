@@ -1,4 +1,4 @@
-"""GPU time of the generator projection's Triton kernels (srope.ops.triton.projection) per
+"""GPU time of the generator projection's Triton kernels (srope.ops.generator.projection_kernels) per
 tile configuration, against the torch routes they replace.
 
 - Forward: the norm reduction, the cuBLAS float32 product, the broadcasting multiply;
@@ -6,7 +6,7 @@ tile configuration, against the torch routes they replace.
   against float64.
 - Backward: ``dz = r·dy`` and the norm's coefficient from dy and y, the casts, the cuBLAS
   bf16 product written in place, the mixed-dtype add of the norm's term, the cast of x and
-  the weight gradient's slab products (srope.ops.projection's torch route); against the
+  the weight gradient's slab products (srope.ops.generator.projection's torch route); against the
   fused kernel (input and weight gradients, with the sum of its partial weight gradients)
   per tile and slab.
 
@@ -26,8 +26,8 @@ import torch
 
 from benchmarks.bench_op import kernel_time
 from benchmarks.common import environment, with_settings, write_json
-from srope.ops.projection import _weight_grad
-from srope.ops.triton import projection as fused
+from srope.ops.generator import projection_kernels as fused
+from srope.ops.generator.projection import _weight_grad
 
 # (BN, BI, warps, stages): the first compiles for sm_90 without spills at this shape, the
 # larger ones spilled 100 to 2760 bytes (figures of the unspecialised compile of

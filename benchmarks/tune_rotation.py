@@ -49,8 +49,8 @@ def main() -> None:
     parser.add_argument("--scan-only", action="store_true", help="sweep only the chunk scans' tiles")
     args = parser.parse_args()
 
-    from srope.ops import reference
-    from srope.ops.triton import ops
+    from srope.ops.rotary import chunk as ops
+    from srope.ops.rotary import naive as reference
 
     start = time.perf_counter()
     report = {"environment": environment(), "runs": []}

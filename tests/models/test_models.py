@@ -11,8 +11,8 @@ import srope.models  # noqa: F401  (registers the Auto classes)
 from srope.layers import GatedLinearAttention
 from srope.models import PRESETS, SRopeConfig, SRopeForCausalLM, preset_config
 from srope.models.modeling import CACHE_FIELD
-from srope.ops import reference
 from srope.ops.layout import RowLayout
+from srope.ops.mixers import naive as mixers_naive
 from tests.helpers import generator, rel_err
 
 MIXERS = ["gla", "gated_deltanet", "forgetting_attn", "attention"]
@@ -177,10 +177,10 @@ def test_tied_decay_gla_core_is_the_complex_recurrence():
     g = layer.log_decay(x)
     assert torch.equal(g[..., :4], g[..., 4:])  # the two channels of every pair share their decay
     q_rot, k_rot, _ = layer.position(q, k, x)
-    real, _ = reference.gated_linear_attention_recurrence(q_rot, k_rot, v, g, scale=8**-0.5)
+    real, _ = mixers_naive.gated_linear_attention_recurrence(q_rot, k_rot, v, g, scale=8**-0.5)
     phi, _ = layer.position.phase_increments(x, RowLayout(2, 15))
     theta = layer.position.temperature(torch.float64) * phi
-    complex_out = reference.complex_rotation_recurrence(q * 8**-0.5, k, v, theta, torch.exp(g[..., :4]))
+    complex_out = mixers_naive.complex_rotation_recurrence(q * 8**-0.5, k, v, theta, torch.exp(g[..., :4]))
     assert rel_err(real, complex_out) < 1e-10
     # And the layer's own kernel path computes the same core.
     from srope.ops.mixers import gla

@@ -143,7 +143,8 @@ def test_selective_rope_depends_on_input_and_only_on_relative_phase():
 
 
 def test_rope_module_matches_selective_rope_with_unit_steps():
-    from srope.ops import reference, selective_rope
+    from srope.ops import selective_rope
+    from srope.ops.rotary import naive as reference
 
     q, k, _ = make_inputs(2, 17, seed=7)
     module = RoPE(HEAD_DIM, theta=500.0)

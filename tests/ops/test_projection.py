@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srope.ops import projection
-from srope.ops.projection import normalized_head_projection
+from srope.ops.generator import projection
+from srope.ops.generator.projection import normalized_head_projection
 from tests.helpers import generator, rel_err
 
 

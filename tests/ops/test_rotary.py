@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-from srope.ops import reference, rope, selective_rope
+from srope.ops import rope, selective_rope
+from srope.ops.mixers import naive as mixers_naive
+from srope.ops.rotary import naive as reference
 from tests.helpers import generator, naive_selective_rope, randn, rel_err
 
 # (B, T, H, Hk, D, R, cu_seqlens)
@@ -122,12 +124,12 @@ def test_complex_recurrence_equals_rotated_linear_attention():
     temperature = torch.rand(heads, pairs, generator=g, dtype=torch.float64) * 2
     log_decay = -torch.rand(batch, length, heads, pairs, generator=g, dtype=torch.float64)
     q_rot, k_rot, _ = selective_rope(q, k, phi, temperature)
-    real, _ = reference.gated_linear_attention_recurrence(q_rot, k_rot, v, torch.cat([log_decay, log_decay], -1))
-    complex_out = reference.complex_rotation_recurrence(q, k, v, temperature * phi, torch.exp(log_decay))
+    real, _ = mixers_naive.gated_linear_attention_recurrence(q_rot, k_rot, v, torch.cat([log_decay, log_decay], -1))
+    complex_out = mixers_naive.complex_rotation_recurrence(q, k, v, temperature * phi, torch.exp(log_decay))
     assert rel_err(real, complex_out) < 1e-10
     # Untied decay breaks the equivalence: the check can fail.
     untied = torch.cat([log_decay, log_decay.flip(-1)], -1)
-    assert rel_err(reference.gated_linear_attention_recurrence(q_rot, k_rot, v, untied)[0], complex_out) > 1e-3
+    assert rel_err(mixers_naive.gated_linear_attention_recurrence(q_rot, k_rot, v, untied)[0], complex_out) > 1e-3
 
 
 def standard_rope(x, theta):

@@ -7,7 +7,6 @@ that downloads from PyPI is in test_data_network.py.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import random
@@ -37,6 +36,7 @@ from srope.train.data import (
 )
 from srope.train.tokenizer import encode, sentencepiece_to_hf
 from tests.train.conftest import make_text
+
 
 def random_store(seed: int, docs: int = 23, max_len: int = 60) -> TokenStore:
     g = torch.Generator().manual_seed(seed)

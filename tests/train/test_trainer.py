@@ -19,7 +19,6 @@ from transformers import AutoModelForCausalLM
 
 import srope.models  # noqa: F401  (registers the Auto classes)
 from srope.models import SRopeForCausalLM, preset_config
-from srope.train.data import prepare_corpus
 from srope.train.optim import parameter_groups, warmup_cosine
 from srope.train.trainer import TrainConfig, apply_overrides, token_loss_sum, train
 from tests.train.conftest import make_text

@@ -24,8 +24,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from srope.ops.triton import decode, head_gate, head_weights, kernels, ops
-from srope.ops.triton import projection as projection_grad
+from srope.ops.generator import gate as head_gate
+from srope.ops.generator import projection_kernels as projection_grad
+from srope.ops.generator import weights as head_weights
+from srope.ops.rotary import chunk as ops
+from srope.ops.rotary import decode, kernels
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")

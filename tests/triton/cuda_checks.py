@@ -2,7 +2,7 @@
 asserts) and ``benchmarks/check_cuda_rotary.py`` (which records the errors as JSON).
 
 Every check runs on fresh seeded random inputs and returns the relative RMS errors
-``‖a−b‖/‖b‖`` against the float64 reference (``srope.ops.reference``) run on the GPU.
+``‖a−b‖/‖b‖`` against the float64 reference (``srope.ops.rotary.naive``) run on the GPU.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import os
 import torch
 
 from srope.modules import SelectiveRoPE
-from srope.ops import reference, rope, selective_rope
+from srope.ops import rope, selective_rope
+from srope.ops.rotary import naive as reference
 from tests.helpers import rel_err
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
@@ -203,7 +204,7 @@ def programmatic_launch_mismatches() -> dict:
     module (projection, gate, rotation; cached prefill and decode step). Returns whether PDL
     was in use and the worst relative error with it on against off (0: the same bits). PDL
     inside CUDA graphs is covered by :func:`compile_and_graph_errors` (which runs with it on)."""
-    from srope.ops.triton import ops
+    from srope.ops import _triton as ops
 
     def rotation():
         out = []

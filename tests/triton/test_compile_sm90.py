@@ -36,7 +36,7 @@ def test_every_kernel_compiles_for_sm90_without_spills_or_approximate_sincos():
         # load, read from the SASS. The projection's backward is capped at 128 registers
         # (two programs per SM) and spills 104-148 bytes on one output tensor and 212 on the
         # generator's two (the ω map's columns, the gate's) when it reads a float32 x: it was
-        # still the fastest tile measured (srope.ops.triton.projection.BACKWARD_TILE). With
+        # still the fastest tile measured (srope.ops.generator.projection_kernels.BACKWARD_TILE). With
         # the bf16 x of autocast's path (the host's gradient added in) it spills nothing.
         # Nothing else may spill.
         allowed = 8 if report["kernel"] in ("srope_fwd_kernel", "_rope_fwd", "_rope_bwd") and report["warps"] == 4 else 0

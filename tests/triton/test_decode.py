@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from srope.modules import SelectiveRoPE
-from srope.ops.triton.decode import decode_generator_inputs, selective_rope_decode_step
+from srope.ops.rotary.decode import decode_generator_inputs, selective_rope_decode_step
 from tests.helpers import generator, randn, rel_err
 from tests.triton import cuda_checks
 

@@ -1,4 +1,4 @@
-"""The fused per-head phase gate after the generator's conv (srope.ops.triton.head_gate)
+"""The fused per-head phase gate after the generator's conv (srope.ops.generator.gate)
 against float64 torch, forward and backward, interpreted on the CPU or compiled on CUDA."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from srope.ops.conv import causal_conv
-from srope.ops.triton.head_gate import apply_head_gate, conv_head_gate
+from srope.ops.generator.gate import apply_head_gate, conv_head_gate
 from tests.helpers import generator, randn, rel_err
 
 # (tokens, heads, pairs): one block and a partial one, odd sizes, the benchmark's head shape.
@@ -143,7 +143,7 @@ def test_conv_gate_matches_float64(batch, length, heads, pairs, width, biases, a
 def test_conv_gate_matches_float64_with_the_gpus_blocks(monkeypatch, batch, length, heads, pairs, width, device):
     """The tokens per program the GPU takes (64 forward; 32, 16 or 8 backward by R and K),
     not the interpreter's 16."""
-    from srope.ops.triton import head_gate
+    from srope.ops.generator import gate as head_gate
 
     monkeypatch.setattr(head_gate, "INTERPRET_BLOCK_N", 0)
     u, w, conv_bias, y, gate_bias, e = conv_gate_inputs(batch, length, heads, pairs, width, 4, device)
@@ -249,7 +249,7 @@ def test_bad_inputs(name, call, error, match, device):
 
 
 def test_opcheck(device):
-    from srope.ops.triton import head_gate
+    from srope.ops.generator import gate as head_gate
 
     c, y, gate_bias, e = gate_inputs(5, 2, 3, True, 7, device)
     for bias in (e, None):

@@ -1,4 +1,4 @@
-"""The generator's fused first-layer weights (srope.ops.triton.head_weights) against float64
+"""The generator's fused first-layer weights (srope.ops.generator.weights) against float64
 torch, forward and backward, interpreted on the CPU or compiled on CUDA."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srope.ops.triton.head_weights import head_weights
+from srope.ops.generator.weights import head_weights
 from tests.helpers import generator, randn, rel_err
 
 # (heads, inputs, pairs, gates): odd sizes, one step and several over the inputs, the
@@ -64,7 +64,7 @@ def test_strided_inputs(device):
 
 
 def test_opcheck(device):
-    from srope.ops.triton import head_weights as module
+    from srope.ops.generator import weights as module
 
     for gates in (0, 3):
         w, gain, gate = inputs(2, 11, 5, gates, 3, device)

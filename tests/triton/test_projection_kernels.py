@@ -1,4 +1,4 @@
-"""The Triton kernels of the generator's projection (srope.ops.triton.projection), its
+"""The Triton kernels of the generator's projection (srope.ops.generator.projection_kernels), its
 float32 forward and its fused backward, against float64, interpreted on the CPU or
 compiled on CUDA; and the projection that uses them on CUDA against its torch routes."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srope.ops import projection
-from srope.ops.triton import projection as triton_projection
-from srope.ops.triton.projection import column_blocks, projection_backward, projection_forward, slab_tokens
+from srope.ops.generator import projection
+from srope.ops.generator import projection_kernels as triton_projection
+from srope.ops.generator.projection_kernels import column_blocks, projection_backward, projection_forward, slab_tokens
 from tests.helpers import generator, randn, rel_err
 from tests.triton.conftest import INTERPRET
 
@@ -134,7 +134,7 @@ def test_forward_bad_inputs(name, overrides, error, match, device):
 
 
 def test_opcheck_forward(device):
-    from srope.ops.triton.projection import _forward_op
+    from srope.ops.generator.projection_kernels import _forward_op
 
     gen = generator(4)
     x = randn(5, 2, 16, seed_gen=gen).to(device, torch.float32)
@@ -345,7 +345,7 @@ def test_cast_on_cuda_against_torch_route(monkeypatch):
 
 
 def test_opcheck_backward(device):
-    from srope.ops.triton.projection import _backward_op
+    from srope.ops.generator.projection_kernels import _backward_op
 
     dy, y, inv_norm, weight, x = grad_inputs(5, 2, 16, 18, torch.bfloat16, device, seed=2)
     for host_grad, weight_grad in ((None, True), (None, False), (x.to(torch.bfloat16), True)):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from srope.ops import selective_rope
-from srope.ops.triton import ops
-from srope.ops.triton.decode import _decode_op
+from srope.ops.rotary import chunk as ops
+from srope.ops.rotary.decode import _decode_op
 from tests.helpers import generator, randn, rel_err
 
 

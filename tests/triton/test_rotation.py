@@ -11,9 +11,10 @@ import math
 import pytest
 import torch
 
-import srope.ops.triton.ops as triton_ops
-from srope.ops import reference, rope, selective_rope
-from srope.ops.triton.ops import (
+import srope.ops.rotary.chunk as triton_ops
+from srope.ops import rope, selective_rope
+from srope.ops.rotary import naive as reference
+from srope.ops.rotary.chunk import (
     chunk_tables,
     default_block_t,
     rope_triton,

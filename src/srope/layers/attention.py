@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from srope.layers.common import LayerState, MixerLayer
-from srope.ops.reference import compute_dtype
+from srope.ops.checks import compute_dtype
 from srope.ops.mixers import forgetting_attention, softmax_attention
 
 

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions, expand_heads
+from srope.ops.checks import compute_dtype
 from srope.ops.layout import RowLayout
-from srope.ops.reference import compute_dtype
 from srope.ops.mixers import gla
 
 

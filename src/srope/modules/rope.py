@@ -7,8 +7,8 @@ from typing import NamedTuple
 import torch
 
 from srope.modules.base import PositionEncoding
-from srope.ops.reference import rope_inverse_frequencies
 from srope.ops.rotary import rope
+from srope.ops.rotary.naive import rope_inverse_frequencies
 
 
 class RoPEState(NamedTuple):

@@ -19,18 +19,18 @@ from torch import nn
 from srope.modules.base import HostInput, PositionEncoding
 from srope.modules.conv import FirstDifference, ShortConvolution
 from srope.modules.spectra import SPECTRA, temperature_spectrum
+from srope.ops.checks import compute_dtype
 from srope.ops.conv import last_inputs
+from srope.ops.generator.projection import normalized_head_projection
 from srope.ops.layout import RowLayout
-from srope.ops.projection import normalized_head_projection
-from srope.ops.reference import compute_dtype
 from srope.ops.rotary import selective_rope
 
 PROJECTIONS = ("full-rank", "low-rank")
 GATES = (None, "standard", "low-rank", "per-channel")
 # Where the generator's small fused Triton kernels run instead of torch's elementwise ops:
-# the standard gate after its conv (srope.ops.triton.head_gate; with the conv inside it for
+# the standard gate after its conv (srope.ops.generator.gate; with the conv inside it for
 # whole rows without a carried state) and the weight-normed first layers
-# (srope.ops.triton.head_weights): "cuda" (float32 CUDA tensors), "always" (also on the CPU
+# (srope.ops.generator.weights): "cuda" (float32 CUDA tensors), "always" (also on the CPU
 # under TRITON_INTERPRET=1; tests) or "never".
 FUSED_GATE = "cuda"
 
@@ -225,7 +225,7 @@ class SelectiveRoPE(PositionEncoding):
             if self._first_layer_cache is not None and self._first_layer_cache[0] == key:
                 return self._first_layer_cache[1]
         if self._fuses_weights(dtype):
-            from srope.ops.triton.head_weights import head_weights
+            from srope.ops.generator.weights import head_weights
 
             gate = None if self.gate is None else self._gate_first_layer().weight.to(dtype)
             result = (head_weights(self.proj_weight.to(dtype), self.proj_gain.to(dtype), gate), self._first_layer_sizes())
@@ -247,13 +247,13 @@ class SelectiveRoPE(PositionEncoding):
 
     def _fuses_weights(self, dtype: torch.dtype) -> bool:
         """Whether the weight-normed first layers come from the fused Triton kernel
-        (:mod:`srope.ops.triton.head_weights`; see :data:`FUSED_GATE`)."""
+        (:mod:`srope.ops.generator.weights`; see :data:`FUSED_GATE`)."""
         return (self.weight_norm and dtype == torch.float32
                 and (FUSED_GATE == "always" or FUSED_GATE == "cuda" and self.proj_weight.is_cuda))
 
     def _fuses_gate(self, t: torch.Tensor) -> bool:
         """Whether the standard gate after the conv takes the fused Triton kernel
-        (:mod:`srope.ops.triton.head_gate`) for this float32 tensor (see :data:`FUSED_GATE`);
+        (:mod:`srope.ops.generator.gate`) for this float32 tensor (see :data:`FUSED_GATE`);
         the projection then writes the conv's input and the gate's shares as two tensors."""
         return (self.projection == "full-rank" and self.gate_type == "standard" and t.dtype == torch.float32
                 and (FUSED_GATE == "always" or FUSED_GATE == "cuda" and t.is_cuda))
@@ -322,7 +322,7 @@ class SelectiveRoPE(PositionEncoding):
         with torch.autocast(device, enabled=False):
             parts = self.project(x, grad_dtype) if projected is None else projected
             if self._fuses_gate(parts[0]):
-                from srope.ops.triton.head_gate import apply_head_gate, conv_head_gate
+                from srope.ops.generator.gate import apply_head_gate, conv_head_gate
 
                 u = parts[0].flatten(-2)
                 e = None if self.bias is None else torch.exp(self.bias.to(u.dtype))
@@ -357,7 +357,7 @@ class SelectiveRoPE(PositionEncoding):
         Triton step: the generator's inputs from x (full-rank ω with a standard or no gate),
         conv window, activation, bias, gate, phase and rotation in one launch; other
         configurations compute the inputs with torch first."""
-        from srope.ops.triton import selective_rope_decode_step
+        from srope.ops.rotary.decode import selective_rope_decode_step
 
         with torch.autocast(x.device.type, enabled=False):
             if self.projection == "full-rank" and self.gate_type in (None, "standard"):

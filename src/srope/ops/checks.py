@@ -6,6 +6,12 @@ import weakref
 
 import torch
 
+
+def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    """max(float32, inputs): bf16/fp16 compute in float32, float64 stays float64."""
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
 # The boundaries checked last, (weak reference, tensor version, length, N): a model passes one
 # cu_seqlens tensor to every layer, op and encoding, and checking it costs a host sync each time.
 _checked_cu_seqlens: tuple | None = None

@@ -12,6 +12,12 @@ from __future__ import annotations
 import torch
 
 
+def sequence_ids(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """Index of the packed sequence each of ``length`` tokens belongs to."""
+    positions = torch.arange(length, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    return torch.searchsorted(cu_seqlens[1:], positions, right=True)
+
+
 class RowLayout:
     """Maps ``[B, T, ...]`` to rows of real tokens ``[N, L, ...]`` and back.
 

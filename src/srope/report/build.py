@@ -440,7 +440,7 @@ def mqar_page(rows: list[Row]) -> Page:
         verdicts.append(("", title, verdict))
         parts += [f"## {title}", "", _folders(group), "", f"Verdict: {verdict.line()}", ""]
         if widths:
-            parts += [f"Accuracy on query positions at sequence 512 / 64 KV pairs, %, best learning rate per width:", "",
+            parts += ["Accuracy on query positions at sequence 512 / 64 KV pairs, %, best learning rate per width:", "",
                       _table(["variant", *[f"d={w}" for w in widths], "mean over widths", "seeds", "paper (Fig. 6)", "protocol differences", "budget (per width)", "provenance"], body), ""]
         others = sorted({c for r in group for c in points[id(r)] if c != PAPER_MQAR})
         for config in others:
@@ -795,7 +795,7 @@ def index_markdown(pages: list[Page], collected: Collected, dirs: list[Path]) ->
             lines.append("- no results")
     lines += ["", "## Rules", "", *(f"- {name}: {rule}" for name, rule in RULES.items()), "",
               f"An ordering \"A beats B\" needs a difference larger than the larger seed sd and than {MARGIN} (synthetic accuracies) or 0 (LM).", "",
-              f"## Files", "", f"Read {len(collected.read)} result files. Skipped {len(collected.skipped)} JSON files that are no srope result:"]
+              "## Files", "", f"Read {len(collected.read)} result files. Skipped {len(collected.skipped)} JSON files that are no srope result:"]
     skipped_dirs: dict[Path, int] = {}
     for path in collected.skipped:
         skipped_dirs[path.parent] = skipped_dirs.get(path.parent, 0) + 1

@@ -22,7 +22,7 @@ monotone), side-lobe fall-off (dB/octave from the octave maxima in [4, 32) bins)
 ±2 and ±8 bins of the tone, 3-dB width and far-field level (max beyond 16 bins). Then a bank of
 channels ``ω_n = 2πn/N`` read out at ``t = N−1`` with a tone off the frequency grid, and the
 same bank as a linear-attention read-out: GLA's recurrence on RoPE-rotated q/k with a tied
-per-pair decay (``srope.ops.reference.gated_linear_attention_recurrence``), checked against
+per-pair decay (``srope.ops.mixers.naive.gated_linear_attention_recurrence``), checked against
 ``complex_rotation_recurrence`` and the windowed DFT, measuring whether a weak tone 30 bins
 from a strong one is visible above the strong tone's leakage.
 """
@@ -37,9 +37,15 @@ import numpy as np
 import torch
 
 from srope.ops import rope
-from srope.ops.reference import complex_rotation_recurrence, gated_linear_attention_recurrence
+from srope.ops.mixers.naive import complex_rotation_recurrence, gated_linear_attention_recurrence
 from srope.theory._common import (
-    check_seed, new_figure, prepare_out_dir, save_figure, single_thread, step_rel_errors, write_json,
+    check_seed,
+    new_figure,
+    prepare_out_dir,
+    save_figure,
+    single_thread,
+    step_rel_errors,
+    write_json,
 )
 
 NAME = "leakage"

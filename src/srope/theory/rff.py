@@ -39,9 +39,16 @@ import time
 import numpy as np
 import torch
 
-from srope.ops.reference import complex_rotation_recurrence
+from srope.ops.mixers.naive import complex_rotation_recurrence
 from srope.theory._common import (
-    check_seed, loglog_slope, new_figure, prepare_out_dir, save_figure, single_thread, step_rel_errors, write_json,
+    check_seed,
+    loglog_slope,
+    new_figure,
+    prepare_out_dir,
+    save_figure,
+    single_thread,
+    step_rel_errors,
+    write_json,
 )
 
 NAME = "rff"
@@ -200,7 +207,7 @@ def predicted_numerator_variance(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 def library_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
-    """The same ŝ computed by :func:`srope.ops.reference.complex_rotation_recurrence`, the
+    """The same ŝ computed by :func:`srope.ops.mixers.naive.complex_rotation_recurrence`, the
     complex diagonal recurrence Selective RoPE realises: angles ``θ_t = Ωᵀ(q_t − q_{t−1})``,
     key ``k̃_t = conj(φ(q_t) ∘ φ̄(k_t))`` (so that ``v_t k̃_tᴴ`` is the paper's write), and
     query ``q̃ = 1/D`` (the read-out ``Re(Ŝ_t 1)/D``). Returns ``[T, dv]``."""

@@ -37,12 +37,11 @@ from srope.models import PRESETS, SRopeForCausalLM, preset_config
 from srope.models.configuration import position_class
 from srope.overrides import coerce, parse_literal
 from srope.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from srope.train.data import IGNORE_INDEX, PackedBatches, eval_batches, load_corpus
+from srope.train.data import PackedBatches, eval_batches, load_corpus
 from srope.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
 from srope.train.graphed import GraphCaptureError, StepGraph
-from srope.train.stops import StopRequested, StopSignals
 from srope.train.optim import build_optimizer, warmup_cosine
-
+from srope.train.stops import StopRequested, StopSignals
 
 # Settings a resumed run may change (they do not affect the numbers computed).
 RESUME_MAY_CHANGE = {"checkpoint_every", "log_every", "eval_every", "tensorboard", "device", "cache", "cuda_graph"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srope.ops import reference
 from srope.ops.mixers import forgetting_attention, softmax_attention
+from srope.ops.mixers import naive as mixers_naive
 from srope.ops.mixers.attention import attention_torch, sdpa_attention
 from tests.helpers import generator, rel_err
 from tests.ops.mixers.common import assert_close_all, attention_inputs, backward_grads, cotangents_like, leaves, split_packed
@@ -41,7 +41,7 @@ def test_matches_query_loop_forward_and_backward(shape, path):
     gated = path == "forgetting"
     q, k, v, log_forget = leaves(*attention_inputs(*shape, seed=1))
     out = PATHS[path](q, k, v, log_forget)
-    ref = reference.causal_attention_loop(q, k, v, log_forget if gated else None, shape[5] ** -0.5)
+    ref = mixers_naive.causal_attention_loop(q, k, v, log_forget if gated else None, shape[5] ** -0.5)
     assert out.dtype == torch.float64 and rel_err(out, ref) < 1e-10
     inputs = [q, k, v, log_forget if gated else None]
     (cot,) = cotangents_like(2, out)
@@ -53,7 +53,7 @@ def test_query_blocks_and_scale():
     whole = attention_torch(q, k, v, log_forget, 0.2)
     blocked = attention_torch(q, k, v, log_forget, 0.2, block_elements=1)  # one query per block
     assert rel_err(blocked, whole) < 1e-14
-    assert rel_err(whole, reference.causal_attention_loop(q, k, v, log_forget, 0.2)) < 1e-12
+    assert rel_err(whole, mixers_naive.causal_attention_loop(q, k, v, log_forget, 0.2)) < 1e-12
 
 
 def test_gradcheck():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srope.ops import reference
 from srope.ops.mixers import gated_delta_rule
+from srope.ops.mixers import naive as mixers_naive
 from srope.ops.mixers.delta_rule import CHUNK_SIZE, gated_delta_rule_torch
 from tests.helpers import rel_err
 from tests.ops.mixers.common import (
@@ -42,7 +42,7 @@ def run(q, k, v, beta, log_decay, h0, chunk_size=None, **kwargs):
 def recurrence(q, k, v, beta, log_decay, h0, qk_l2norm=False):
     if qk_l2norm:
         q, k = l2norm(q), l2norm(k)
-    return reference.gated_delta_rule_recurrence(q, k, v, beta, log_decay, q.shape[-1] ** -0.5, h0)
+    return mixers_naive.gated_delta_rule_recurrence(q, k, v, beta, log_decay, q.shape[-1] ** -0.5, h0)
 
 
 CASES = {
@@ -75,7 +75,7 @@ def test_matches_recurrence_forward_and_backward(shape, case):
 def test_without_initial_state_and_explicit_scale():
     q, k, v, beta, log_decay, _ = delta_inputs(2, 11, 2, 4, 3, seed=3)
     out, final = gated_delta_rule(q, k, v, beta, log_decay, scale=0.3, output_final_state=True)
-    ref_out, ref_final = reference.gated_delta_rule_recurrence(q, k, v, beta, log_decay, 0.3)
+    ref_out, ref_final = mixers_naive.gated_delta_rule_recurrence(q, k, v, beta, log_decay, 0.3)
     assert rel_err(out, ref_out) < 1e-12 and rel_err(final, ref_final) < 1e-12
     assert gated_delta_rule(q, k, v, beta, log_decay)[1] is None
 
@@ -154,6 +154,6 @@ def test_strong_decay_stays_finite_in_float32():
     log_decay[:, ::9] = -0.01
     low = [x.float() for x in (q, k, v, beta, log_decay, h0)]
     out, final = run(*low)
-    ref_out, ref_final = reference.gated_delta_rule_recurrence(q, k, v, beta, log_decay, 0.5, h0)
+    ref_out, ref_final = mixers_naive.gated_delta_rule_recurrence(q, k, v, beta, log_decay, 0.5, h0)
     assert torch.isfinite(out).all() and torch.isfinite(final).all()
     assert rel_err(out, ref_out) < 1e-5 and rel_err(final, ref_final) < 1e-5

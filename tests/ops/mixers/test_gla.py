@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srope.ops import reference
 from srope.ops.mixers import gla
+from srope.ops.mixers import naive as mixers_naive
 from srope.ops.mixers.gla import CHUNK_SIZE, gla_torch
 from tests.helpers import rel_err
 from tests.ops.mixers.common import assert_close_all, backward_grads, cotangents_like, gla_inputs, leaves, split_packed
@@ -37,7 +37,7 @@ def test_matches_recurrence_forward_and_backward(shape, with_state):
     q, k, v, log_decay, h0 = leaves(*gla_inputs(*dims, seed=1))
     h0 = h0 if with_state else None
     out, final = run(q, k, v, log_decay, h0, chunk_size)
-    ref_out, ref_final = reference.gated_linear_attention_recurrence(q, k, v, log_decay, dims[3] ** -0.5, h0)
+    ref_out, ref_final = mixers_naive.gated_linear_attention_recurrence(q, k, v, log_decay, dims[3] ** -0.5, h0)
     assert out.dtype == final.dtype == torch.float64
     assert_close_all(["o", "final_state"], [out, final], [ref_out, ref_final], 1e-10)
     cot = cotangents_like(2, out, final)
@@ -48,7 +48,7 @@ def test_matches_recurrence_forward_and_backward(shape, with_state):
 def test_scale_default_and_explicit():
     q, k, v, log_decay, h0 = gla_inputs(2, 9, 2, 4, 3, seed=3)
     out = gla(q, k, v, log_decay, scale=0.3, backend="torch")[0]
-    assert rel_err(out, reference.gated_linear_attention_recurrence(q, k, v, log_decay, 0.3)[0]) < 1e-12
+    assert rel_err(out, mixers_naive.gated_linear_attention_recurrence(q, k, v, log_decay, 0.3)[0]) < 1e-12
     assert gla(q, k, v, log_decay)[1] is None  # no final state unless asked
 
 
@@ -118,7 +118,7 @@ def test_strong_decay_stays_finite_in_float32():
     log_decay = torch.full_like(q, -40.0)
     log_decay[:, ::7] = -0.01
     out, final = run(*leaves(q.float(), k.float(), v.float(), log_decay.float(), h0.float()))
-    ref_out, ref_final = reference.gated_linear_attention_recurrence(q, k, v, log_decay, 0.5, h0)
+    ref_out, ref_final = mixers_naive.gated_linear_attention_recurrence(q, k, v, log_decay, 0.5, h0)
     assert torch.isfinite(out).all() and torch.isfinite(final).all()
     assert rel_err(out, ref_out) < 1e-5 and rel_err(final, ref_final) < 1e-5
 
@@ -136,7 +136,7 @@ def test_factored_and_pairwise_scores_match_recurrence(dtype, step_log_decay):
     assert (spread > MAX_FACTORED_SPREAD[dtype]) == (step_log_decay < (-1 if dtype == torch.float32 else -50))
     leaves_ = leaves(*(x.to(dtype) for x in (q, k, v, log_decay, h0)))
     out, final = run(*leaves_)
-    ref = reference.gated_linear_attention_recurrence(*(x.double() for x in leaves_[:4]), 6**-0.5, leaves_[4].double())
+    ref = mixers_naive.gated_linear_attention_recurrence(*(x.double() for x in leaves_[:4]), 6**-0.5, leaves_[4].double())
     tol = 1e-10 if dtype == torch.float64 else 1e-5
     assert torch.isfinite(out).all() and rel_err(out, ref[0]) < tol and rel_err(final, ref[1]) < tol
     cot = cotangents_like(2, out, final)

@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from srope.ops.checks import compute_dtype
+from srope.ops.layout import sequence_ids
 from srope.ops.mixers import _common as common
-from srope.ops.reference import compute_dtype, sequence_ids
 
 BLOCK_ELEMENTS = 2**24  # scores per query block of the explicit path (B·H·block·Tk); 128 MB of float64 gate sums
 # fla 0.6.0's parallel attention holds whole head rows of q, k and v in shared memory (tiles of

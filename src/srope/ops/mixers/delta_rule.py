@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import torch
 
+from srope.ops.checks import compute_dtype
 from srope.ops.layout import RowLayout
 from srope.ops.mixers import _common as common
-from srope.ops.reference import compute_dtype
 
 CHUNK_SIZE = 64
 L2_EPS = 1e-6  # fla's l2norm: x / sqrt(Σx² + eps)

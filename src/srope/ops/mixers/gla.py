@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
+from srope.ops.checks import compute_dtype
 from srope.ops.layout import RowLayout
 from srope.ops.mixers import _common as common
-from srope.ops.reference import compute_dtype
 
 CHUNK_SIZE = 16
 # Largest fall of the summed log-decay inside a chunk for the factored scores, per compute

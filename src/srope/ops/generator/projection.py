@@ -8,12 +8,12 @@ share one read of x. The weight gradient, a reduction over all tokens into a sma
 matrix, is split into slabs of tokens so that it fills the GPU (one long reduction ran on
 a few dozen thread blocks: 1.2 ms of the generator's 3.3 ms at 8 × 4096 tokens on the
 H200): :data:`SLAB` tokens each on the torch route; on CUDA the fused backward kernel
-sums its own slabs (srope.ops.triton.projection).
+sums its own slabs (srope.ops.generator.projection_kernels).
 
 The forward always runs to the accuracy of the inputs' dtype (float32 or float64): the
 outputs become angle increments that are summed over the whole sequence. (On CUDA the
 float32 one runs on tensor cores with split float16 operands, float32-accurate:
-srope.ops.triton.projection.) The backward's two products (input and weight gradients)
+srope.ops.generator.projection_kernels.) The backward's two products (input and weight gradients)
 may run in a lower ``grad_dtype`` (bfloat16 under autocast, as autocast runs every other
 matmul of the backward), accumulated and returned in the inputs' dtype: a gradient's
 rounding does not accumulate along the sequence.
@@ -25,7 +25,7 @@ import torch
 
 SLAB = 2048  # tokens per partial weight gradient
 # On CUDA, the float32 forward and the low-precision backward run as Triton kernels
-# (srope.ops.triton.projection); False takes the torch routes (the tests compare them).
+# (srope.ops.generator.projection_kernels); False takes the torch routes (the tests compare them).
 FUSED = True
 
 
@@ -66,7 +66,7 @@ class _NormalizedHeadProjection(torch.autograd.Function):
                 split: int | None):
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None
         if FUSED and x.is_cuda and x.dtype == torch.float32:
-            from srope.ops.triton.projection import projection_forward
+            from srope.ops.generator.projection_kernels import projection_forward
 
             y, inv_norm, x_cast = projection_forward(x, weight, eps, cast, split)
             parts = (y,) if split is None else y
@@ -92,7 +92,7 @@ class _NormalizedHeadProjection(torch.autograd.Function):
         low = ctx.grad_dtype != ctx.x_dtype
         dx = dw = None
         if ctx.needs_input_grad[0] and low and FUSED and x.is_cuda and ctx.x_dtype == torch.float32:
-            from srope.ops.triton.projection import projection_backward
+            from srope.ops.generator.projection_kernels import projection_backward
 
             dy, y = (dys[0], parts[0]) if ctx.parts == 1 else (tuple(dys), tuple(parts))
             dx, dw = projection_backward(dy, y, inv_norm, weight.to(ctx.grad_dtype), x, ctx.needs_input_grad[1], d_cast)

@@ -1,13 +1,13 @@
 """Triton kernels of the Selective RoPE rotation (prefill/training) and of fixed RoPE.
 
-Design (see ``ops.py`` for the launches):
+Design (see ``chunk.py`` for the launches):
 
 - Time is cut into chunks of ``BT`` tokens that never straddle a sequence: dense batches
   have ``cdiv(T, BT)`` chunks per row; packed batches (``cu_seqlens``) number the chunks
   of each sequence in turn (``cu_chunks``) and map every chunk slot to its sequence
   (``chunk_seq``; slots past the last chunk hold ``N`` and exit at once). A rotation
   program walks its chunk in sub-tiles of ``ST`` tokens carrying the chunk-local phase in
-  float64; on the GPU the chunk is one sub-tile (``ops.py`` says why). The light kernels
+  float64; on the GPU the chunk is one sub-tile (``chunk.py`` says why). The light kernels
   (chunk sums, dphi) take ``CPP`` chunks × ``HPP`` key heads per program.
 - Forward: (1) ``chunk_sum``: Σφ of every chunk in float64; (2) ``chunk_scan_fwd``: one
   program per (sequence, key head, channel block) scans the chunk totals in float64 from
@@ -27,7 +27,7 @@ Design (see ``ops.py`` for the launches):
   loaded one step ahead of the scan), the offset gradient
   ``Θ · Σ_t dL/dangle_t`` and the fixed-order sum of the temperature partials; (3)
   ``dphi``: ``Θ · (local reverse cumsum + carry)``. No atomics: bitwise deterministic.
-- Programmatic dependent launch (``PDL``, sm_90+, :func:`srope.ops.triton.ops.pdl`): every
+- Programmatic dependent launch (``PDL``, sm_90+, :func:`srope.ops._triton.pdl`): every
   kernel first waits until the kernel before it in the stream has finished
   (``griddepcontrol.wait``, before any load) and then lets the next one's programs start,
   so that they are resident and waiting when it ends instead of being launched then.
@@ -44,7 +44,8 @@ import os
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from srope.ops._triton import await_predecessor
 
 TWO_PI = tl.constexpr(2.0 * math.pi)
 INV_TWO_PI = tl.constexpr(1.0 / (2.0 * math.pi))
@@ -53,16 +54,6 @@ INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 # Tokens per unrolled step of the light kernels: that many loads in flight per thread (an
 # unroll of 32 spilled registers at 32-token chunks, sm_90)
 LIGHT_UNROLL = tl.constexpr(8)
-
-
-@triton.jit
-def await_predecessor(PDL: tl.constexpr):
-    """With programmatic dependent launch: wait for the previous kernel in the stream to
-    finish (its writes visible), then allow the next kernel to launch. Called first, before
-    any load: the previous kernel may have written any input."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
 
 
 @triton.jit

@@ -3,7 +3,7 @@
 With the full-rank ω map and the standard gate (the paper's best configuration), one
 projection of x̂ gives, per token n, ``u [N, H·R]`` (head h's R angle inputs, the conv's
 input) and ``y [N, H, H]`` (head h's share of every head's gate logit: a map of x is the sum
-of its per-head shares), as two tensors (:func:`srope.ops.projection.normalized_head_projection`
+of its per-head shares), as two tensors (:func:`srope.ops.generator.projection.normalized_head_projection`
 with ``split``). After the conv (fla's, unchanged) the generator computes::
 
     s[n, g] = sigmoid(Σ_h y[n, h, g] + gate_bias[g])         (the gate)
@@ -35,8 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from srope.ops.triton.kernels import await_predecessor
-from srope.ops.triton.ops import interpreting, on_device, pdl
+from srope.ops._triton import await_predecessor, interpreting, on_device, pdl
 
 BLOCK_N = 64  # tokens per program
 INTERPRET_BLOCK_N = 16  # under TRITON_INTERPRET=1 (quicker tests); 0: the GPU's

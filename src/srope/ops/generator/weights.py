@@ -27,8 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from srope.ops.triton.kernels import await_predecessor
-from srope.ops.triton.ops import interpreting, on_device, pdl
+from srope.ops._triton import await_predecessor, interpreting, on_device, pdl
 
 TILE = 2048  # inputs x columns (padded) per step of a column program
 INTERPRET_TILE = 256  # under TRITON_INTERPRET=1: several steps over I even at test sizes

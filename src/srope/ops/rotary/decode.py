@@ -22,9 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from srope.ops._triton import await_predecessor, interpreting, on_device, pdl
 from srope.ops.conv import ACTIVATIONS
-from srope.ops.triton.kernels import await_predecessor, _exp, _load_halves, _out, _rotate_heads_fwd, _sincos, _wrap
-from srope.ops.triton.ops import interpreting, on_device, pdl
+from srope.ops.rotary.kernels import _exp, _load_halves, _out, _rotate_heads_fwd, _sincos, _wrap
 
 GATE_NONE, GATE_HEAD, GATE_CHANNEL = 0, 1, 2
 

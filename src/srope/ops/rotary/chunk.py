@@ -13,14 +13,13 @@ bound on the number of chunks, so the ops can be captured in CUDA graphs.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 
 import torch
 import triton
 
-from srope.ops.triton import kernels
+from srope.ops._triton import interpreting, on_device, pdl
+from srope.ops.rotary import kernels
 
 # The chunk scans walk a sequence's chunks in steps of BC chunks x BRS channels (about
 # SCAN_ELEMENTS, 8 warps): long sequences take long steps (few serial steps when a batch of
@@ -56,11 +55,6 @@ NO_SPILL = {"maxnreg": 255}
 FAST_SCAN_DTYPES = (torch.bfloat16, torch.float16)
 # RoPE's kernels carry nothing between sub-tiles: autotuned (sub-tile tokens ST, warps).
 TUNE_CONFIGS = ((16, 4), (32, 8), (16, 8), (8, 4))
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _tuned(fn, key):
@@ -103,36 +97,8 @@ def _light_tile(block_t: int, block_r: int, key_heads: int, elements: int = LIGH
     return {"HPP": heads, "CPP": max(1, elements // (heads * block_r)), "num_warps": 4}
 
 
-PDL_ENV = "SROPE_PDL"
-
-
-@functools.cache
-def _pdl_capable(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
-def pdl(x: torch.Tensor) -> dict:
-    """Launch options for programmatic dependent launch of srope's kernels on ``x``'s device:
-    ``{"PDL": True, "launch_pdl": True}`` on sm_90+ GPUs, else none (CPU, the interpreter,
-    older GPUs, or ``SROPE_PDL=0`` in the environment, read at every launch).
-
-    The two always go together: a kernel launched early (``launch_pdl``) must wait for its
-    predecessor before reading (``PDL``, :func:`kernels.await_predecessor`). What it saves
-    is the gap between dependent kernels, the next one's programs being resident when the
-    previous one ends (a few microseconds per kernel; it matters most for short kernels
-    and CUDA-graph replays)."""
-    if x.device.type != "cuda" or interpreting() or os.environ.get(PDL_ENV, "1") == "0":
-        return {}
-    return {"PDL": True, "launch_pdl": True} if _pdl_capable(x.device.index) else {}
-
-
 def _no_spill() -> dict:
     return {} if interpreting() else dict(NO_SPILL)
-
-
-def on_device(x: torch.Tensor):
-    """Launch on ``x``'s GPU whatever the current device is."""
-    return torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
 
 
 def _guarded(fn):

@@ -1,6 +1,6 @@
 """The generator's normalised per-head projection as Triton kernels: forward and backward.
 
-:func:`srope.ops.projection.normalized_head_projection` computes ``y = r · x @ weight`` per
+:func:`srope.ops.generator.projection.normalized_head_projection` computes ``y = r · x @ weight`` per
 token n and head h, ``r = (|x|² + ε)^(-1/2)``. On CUDA its float32 forward and its
 low-precision backward (under autocast) run here.
 
@@ -54,8 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from srope.ops.triton.kernels import await_predecessor
-from srope.ops.triton.ops import interpreting, on_device, pdl
+from srope.ops._triton import await_predecessor, interpreting, on_device, pdl
 
 
 @triton.jit
@@ -274,7 +273,7 @@ def projection_backward(
     host_grad: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The gradients of ``y = r · x @ weight``, ``r = (|x|² + ε)^(-1/2)`` per token and head
-    (:func:`srope.ops.projection.normalized_head_projection`), with 16-bit products.
+    (:func:`srope.ops.generator.projection.normalized_head_projection`), with 16-bit products.
 
     Args:
         dy: ``[N, H, M]`` float32, the gradient of y, or the pair of the gradients of its
@@ -501,7 +500,7 @@ def projection_forward(
     x: torch.Tensor, weight: torch.Tensor, eps: float, cast: torch.dtype | None = None, split: int | None = None
 ) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor | None]:
     """``y = r · x @ weight`` and ``r = (|x|² + ε)^(-1/2)`` per token and head
-    (:func:`srope.ops.projection.normalized_head_projection`'s forward), float32-accurate
+    (:func:`srope.ops.generator.projection.normalized_head_projection`'s forward), float32-accurate
     on tensor cores (module docstring).
 
     Args:

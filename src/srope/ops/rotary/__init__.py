@@ -1,10 +1,18 @@
 """Public rotary ops: input validation, backend dispatch, dtype contract.
 
 ``selective_rope`` rotates q and k by input-dependent cumulative angles; ``rope`` by
-fixed frequencies times integer positions. Both keep the guide's dtype contract: the
+fixed frequencies times integer positions. Both keep srope's dtype contract: the
 outputs have the inputs' dtypes, phases and angles are computed in at least float32
 (float64 inputs stay float64), and cumulative phases are accumulated in float64 and
 reduced modulo 2π only as the angle ``temperature · Φ``.
+
+Files: ``naive.py`` (float64-capable ground truth), ``kernels.py`` (the Triton kernels: design
+and numerics), ``chunk.py`` (their launches, registered as ``torch.library`` ops: what
+``backend="triton"`` calls), ``decode.py`` (the fused one-token step of the ``SelectiveRoPE``
+module's cached decoding: generator conv, activation, bias, gate, phase and rotation,
+optionally from the token x itself). The kernels run on CUDA, or on the CPU under
+``TRITON_INTERPRET=1`` (read when ``chunk`` is first imported, as Triton reads it when
+kernels are decorated).
 """
 
 from __future__ import annotations
@@ -13,21 +21,21 @@ import os
 
 import torch
 
-from srope.ops import reference
 from srope.ops.checks import check_backend, check_cu_seqlens, check_device, check_tensor
+from srope.ops.rotary import naive
 
 BACKENDS = ("auto", "torch", "triton")
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _triton_ops():
-    """The Triton kernels' module, or None when triton cannot be imported (imported on first
+    """The Triton launch module (:mod:`srope.ops.rotary.chunk`), or None when triton cannot be imported (imported on first
     use, so that TRITON_INTERPRET set before then is honoured; later calls hit sys.modules)."""
     try:
-        from srope.ops.triton import ops
+        from srope.ops.rotary import chunk
     except ImportError:
         return None
-    return ops
+    return chunk
 
 
 def _use_triton(backend: str, q: torch.Tensor) -> bool:
@@ -118,7 +126,7 @@ def selective_rope(
     if q.numel() > 0 and k.numel() > 0 and _use_triton(backend, q):
         q_rot, k_rot, final = _triton_ops().selective_rope_triton(q, k, phi, temperature, offset, cu_seqlens)
     else:
-        q_rot, k_rot, final = reference.selective_rope(q, k, phi, temperature, offset, cu_seqlens)
+        q_rot, k_rot, final = naive.selective_rope(q, k, phi, temperature, offset, cu_seqlens)
     return q_rot, k_rot, final.detach() if output_final_phase else None
 
 
@@ -150,4 +158,4 @@ def rope(
         raise ValueError(f"inv_freq must be [R] with 1 <= R and 2R <= head_dim={head_dim}, got {tuple(inv_freq.shape)}")
     if q.numel() > 0 and k.numel() > 0 and _use_triton(backend, q):
         return _triton_ops().rope_triton(q, k, positions, inv_freq)
-    return reference.rope(q, k, positions, inv_freq)
+    return naive.rope(q, k, positions, inv_freq)
