@@ -18,7 +18,7 @@ import torch
 
 from common import environment, graph_ms, median_ms, write_json
 from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLinearAttention
-from srope.modules import selective_rope as selective_rope_module
+from srope import backend
 from srope.ops import gla, selective_rope
 from srope.ops.layout import RowLayout
 
@@ -29,9 +29,9 @@ HOSTS = {
     "attention": (Attention, dict(num_heads=16)),
 }
 POSITIONS = {"nope": "nope", "rope": {"type": "rope", "theta": 500000.0}, "selective_rope": {"type": "selective_rope"}}
-# GLA + Selective RoPE once more with the gate around the generator's conv in torch instead
-# of the fused kernels (srope.ops.generator.gate): what the fusion saves, in the same run.
-TORCH_GATE = "selective_rope_torch_gate"
+# GLA + Selective RoPE once more on PyTorch's routes (srope.backend "torch": generator and
+# rotation without srope's kernels): what the kernels save, in the same run.
+TORCH = "selective_rope_torch"
 
 
 def build(host: str, position, hidden: int, dry_run: bool, device):
@@ -64,12 +64,9 @@ def time_layer(layer, x, autocast, dry_run) -> tuple[dict, callable]:
     return record, lambda: median_ms(forward_backward, dry_run=dry_run, grad_to_none=[x, *layer.parameters()])
 
 
-def _with_gate(mode: str, step):
-    selective_rope_module.FUSED_GATE = mode
-    try:
+def _with_backend(mode: str, step):
+    with backend.use(mode):
         return step()
-    finally:
-        selective_rope_module.FUSED_GATE = "cuda"
 
 
 def interleaved_rounds(timed: list[tuple[dict, callable]], rounds: int) -> None:
@@ -129,20 +126,21 @@ def main() -> int:
     autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=not args.dry_run)
     report = {"environment": environment(), "shape": {"batch": batch, "length": length, "hidden": hidden}, "results": []}
     for host in args.hosts.split(","):
-        runs = [*POSITIONS.items()] + ([(TORCH_GATE, POSITIONS["selective_rope"])] if host == "gla" else [])
+        runs = [*POSITIONS.items()] + ([(TORCH, POSITIONS["selective_rope"])] if host == "gla" else [])
         timed = []
         for name, position in runs:
             torch.manual_seed(0)
             record = {"host": host, "position": name}
-            mode = selective_rope_module.FUSED_GATE = "never" if name == TORCH_GATE else "cuda"
+            mode = "torch" if name == TORCH else "auto"
             try:
-                layer = build(host, position, hidden, args.dry_run, device)
-                x = torch.randn(batch, length, hidden, device=device, requires_grad=True)
-                timings, step = time_layer(layer, x, autocast, args.dry_run)
-                record |= timings
-                timed.append((record, lambda step=step, mode=mode: _with_gate(mode, step)))
-                if host == "gla" and name.startswith("selective_rope"):
-                    record |= gla_breakdown(layer, x, autocast, args.dry_run)
+                with backend.use(mode):
+                    layer = build(host, position, hidden, args.dry_run, device)
+                    x = torch.randn(batch, length, hidden, device=device, requires_grad=True)
+                    timings, step = time_layer(layer, x, autocast, args.dry_run)
+                    record |= timings
+                    timed.append((record, lambda step=step, mode=mode: _with_backend(mode, step)))
+                    if host == "gla" and name.startswith("selective_rope"):
+                        record |= gla_breakdown(layer, x, autocast, args.dry_run)
                 if device == "cuda":
                     record["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
                     torch.cuda.reset_peak_memory_stats()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from srope import backend
 from srope.ops.conv import causal_conv
 from srope.ops.generator.gate import apply_head_gate, conv_head_gate
 from tests.helpers import generator, randn, rel_err
@@ -267,7 +268,7 @@ def test_opcheck(device):
 @pytest.mark.parametrize("packing", ["dense", "padded", "packed", "ones", "first-difference"])
 def test_module_fused_gate_matches_float64(monkeypatch, bias, packing, activation, device):
     """SelectiveRoPE with the standard gate through the fused kernel and the split
-    projection (FUSED_GATE "always")
+    projection (srope backend "triton")
     against the same module in float64 through torch: rotated q/k and every gradient
     (parameters, q, k, x), with padding or packed sequences; the torch route in float32
     agrees as well."""
@@ -293,18 +294,18 @@ def test_module_fused_gate_matches_float64(monkeypatch, bias, packing, activatio
     grads = [randn(batch, length, 3, 10, seed_gen=gen) for _ in range(2)]
 
     def run(mode, dtype):
-        monkeypatch.setattr(module, "FUSED_GATE", mode)
         copy = layer.to(dtype)
         inputs = [t.to(dtype).detach().requires_grad_() for t in (q, k, x)]
-        out = copy(*inputs, **options)[:2]
-        torch.autograd.backward(out, [g.to(device, dtype) for g in grads])
+        with backend.use(mode):
+            out = copy(*inputs, **options)[:2]
+            torch.autograd.backward(out, [g.to(device, dtype) for g in grads])
         result = [*out, *(t.grad for t in inputs), *(p.grad.clone() for p in copy.parameters())]
         copy.zero_grad(set_to_none=True)
         return result
 
-    exact = run("never", torch.float64)
-    fused = run("always", torch.float32)
-    unfused = run("never", torch.float32)
+    exact = run("torch", torch.float64)
+    fused = run("triton", torch.float32)
+    unfused = run("torch", torch.float32)
     for a, b, c in zip(fused, unfused, exact):
         assert rel_err(a, c) < 1e-5 and rel_err(b, c) < 1e-5
 
@@ -314,7 +315,7 @@ def test_module_decode_after_fused_prefill(monkeypatch, device):
     q/k as one prefill of the whole sequence."""
     from srope.modules import selective_rope as module
 
-    monkeypatch.setattr(module, "FUSED_GATE", "always")
+    monkeypatch.setattr(backend, "_active", "triton")
     torch.manual_seed(13)
     layer = module.SelectiveRoPE(32, 2, 8, gate="standard", bias=True, conv_size=4).to(device).eval()
     gen = generator(14)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from srope import backend
 from srope.ops.generator.weights import head_weights
 from tests.helpers import generator, randn, rel_err
 
@@ -89,7 +90,7 @@ def test_bad_inputs(name, call, error, match, device):
 
 @pytest.mark.parametrize("gate", ["standard", "low-rank", None])
 def test_module_fused_weights_equal_the_torch_route(monkeypatch, gate, device):
-    """SelectiveRoPE's first layers through the kernel (FUSED_GATE "always") and through torch:
+    """SelectiveRoPE's first layers through the kernel (srope backend "triton") and through torch:
     the same weight and, for a random output gradient, the same parameter gradients; with
     gradients off (cached) too."""
     from srope.modules import selective_rope as module
@@ -100,8 +101,8 @@ def test_module_fused_weights_equal_the_torch_route(monkeypatch, gate, device):
         layer.proj_gain.mul_(torch.rand(3, device=device) + 0.5)
     grad = None
     results = {}
-    for mode in ("never", "always"):
-        monkeypatch.setattr(module, "FUSED_GATE", mode)
+    for mode in ("torch", "triton"):
+        monkeypatch.setattr(backend, "_active", mode)
         weight, sizes = layer._first_layers(torch.float32)
         grad = torch.randn(weight.shape, generator=torch.Generator().manual_seed(4)).to(device) if grad is None else grad
         weight.backward(grad)
@@ -109,7 +110,7 @@ def test_module_fused_weights_equal_the_torch_route(monkeypatch, gate, device):
         layer.zero_grad(set_to_none=True)
         with torch.no_grad():
             assert torch.equal(layer._first_layers(torch.float32)[0], weight)
-    (w_torch, sizes_torch, g_torch), (w_fused, sizes_fused, g_fused) = results["never"], results["always"]
+    (w_torch, sizes_torch, g_torch), (w_fused, sizes_fused, g_fused) = results["torch"], results["triton"]
     assert sizes_torch == sizes_fused and rel_err(w_fused, w_torch) < 1e-6
     assert g_torch.keys() == g_fused.keys() and {"proj_weight", "proj_gain"} <= g_fused.keys()
     assert all(rel_err(g_fused[name], g_torch[name]) < 1e-5 for name in g_torch)

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from srope import backend as srope_backend
 from srope.ops.conv import ACTIVATIONS, short_conv
 from srope.ops.layout import RowLayout
 
@@ -57,7 +58,8 @@ class ShortConvolution(nn.Module):
         """``(y, final state)``, the state None without ``want_state``; ``activate=False``
         leaves the activation to the caller."""
         activation = self.activation if activate else None
-        return short_conv(x, self.kernel(), layout, state, self.bias, activation, self.backend, want_state=want_state)
+        choice = "torch" if srope_backend.get() == "torch" else self.backend
+        return short_conv(x, self.kernel(), layout, state, self.bias, activation, choice, want_state=want_state)
 
     def extra_repr(self) -> str:
         return f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}"

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from srope import backend
 from srope.modules.base import HostInput, PositionEncoding
 from srope.modules.conv import FirstDifference, ShortConvolution
 from srope.modules.spectra import SPECTRA, temperature_spectrum
@@ -27,12 +28,6 @@ from srope.ops.rotary import selective_rope
 
 PROJECTIONS = ("full-rank", "low-rank")
 GATES = (None, "standard", "low-rank", "per-channel")
-# Where the generator's small fused Triton kernels run instead of torch's elementwise ops:
-# the standard gate after its conv (srope.ops.generator.gate; with the conv inside it for
-# whole rows without a carried state) and the weight-normed first layers
-# (srope.ops.generator.weights): "cuda" (float32 CUDA tensors), "always" (also on the CPU
-# under TRITON_INTERPRET=1; tests) or "never".
-FUSED_GATE = "cuda"
 
 
 class SelectiveRoPEState(NamedTuple):
@@ -221,7 +216,7 @@ class SelectiveRoPE(PositionEncoding):
         their storage, dtype and device, which ``.to()`` changes)."""
         key = None
         if not torch.is_grad_enabled():
-            key = (dtype, tuple((id(p), p._version, p.data_ptr(), p.dtype, p.device) for p in self.parameters()))
+            key = (dtype, backend.get(), tuple((id(p), p._version, p.data_ptr(), p.dtype, p.device) for p in self.parameters()))
             if self._first_layer_cache is not None and self._first_layer_cache[0] == key:
                 return self._first_layer_cache[1]
         if self._fuses_weights(dtype):
@@ -247,16 +242,14 @@ class SelectiveRoPE(PositionEncoding):
 
     def _fuses_weights(self, dtype: torch.dtype) -> bool:
         """Whether the weight-normed first layers come from the fused Triton kernel
-        (:mod:`srope.ops.generator.weights`; see :data:`FUSED_GATE`)."""
-        return (self.weight_norm and dtype == torch.float32
-                and (FUSED_GATE == "always" or FUSED_GATE == "cuda" and self.proj_weight.is_cuda))
+        (:mod:`srope.ops.generator.weights`; where :mod:`srope.backend` runs srope's kernels)."""
+        return self.weight_norm and dtype == torch.float32 and backend.kernels(self.proj_weight)
 
     def _fuses_gate(self, t: torch.Tensor) -> bool:
         """Whether the standard gate after the conv takes the fused Triton kernel
-        (:mod:`srope.ops.generator.gate`) for this float32 tensor (see :data:`FUSED_GATE`);
+        (:mod:`srope.ops.generator.gate`) for this float32 tensor (see :mod:`srope.backend`);
         the projection then writes the conv's input and the gate's shares as two tensors."""
-        return (self.projection == "full-rank" and self.gate_type == "standard" and t.dtype == torch.float32
-                and (FUSED_GATE == "always" or FUSED_GATE == "cuda" and t.is_cuda))
+        return self.projection == "full-rank" and self.gate_type == "standard" and t.dtype == torch.float32 and backend.kernels(t)
 
     def project(self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, cast: torch.dtype | None = None):
         """Every first layer acting on x̂ (x ℓ2-normalised per head chunk), in one
@@ -392,7 +385,7 @@ class SelectiveRoPE(PositionEncoding):
             self.check_state(state, SelectiveRoPEState, {"conv": width, "phase": (count, self.num_heads, self.pairs)})
             conv_state, offset = state
             if (
-                self.fused_decode and q.shape[1] == 1 and q.is_cuda and cu_seqlens is None
+                self.fused_decode and q.shape[1] == 1 and cu_seqlens is None and backend.kernels(q)
                 and attention_mask is None and not torch.is_grad_enabled()
             ):
                 q, k, new_state = self.decode_step(q, k, x, state)

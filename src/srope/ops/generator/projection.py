@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import torch
 
+from srope import backend
+
 SLAB = 2048  # tokens per partial weight gradient
-# On CUDA, the float32 forward and the low-precision backward run as Triton kernels
-# (srope.ops.generator.projection_kernels); False takes the torch routes (the tests compare them).
-FUSED = True
 
 
 def _weight_grad(x: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
@@ -65,7 +64,7 @@ class _NormalizedHeadProjection(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype, cast: torch.dtype | None,
                 split: int | None):
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None
-        if FUSED and x.is_cuda and x.dtype == torch.float32:
+        if x.is_cuda and x.dtype == torch.float32 and backend.kernels(x):
             from srope.ops.generator.projection_kernels import projection_forward
 
             y, inv_norm, x_cast = projection_forward(x, weight, eps, cast, split)
@@ -91,7 +90,7 @@ class _NormalizedHeadProjection(torch.autograd.Function):
         d_cast = grads[ctx.parts] if len(grads) > ctx.parts else None
         low = ctx.grad_dtype != ctx.x_dtype
         dx = dw = None
-        if ctx.needs_input_grad[0] and low and FUSED and x.is_cuda and ctx.x_dtype == torch.float32:
+        if ctx.needs_input_grad[0] and low and x.is_cuda and ctx.x_dtype == torch.float32 and backend.kernels(x):
             from srope.ops.generator.projection_kernels import projection_backward
 
             dy, y = (dys[0], parts[0]) if ctx.parts == 1 else (tuple(dys), tuple(parts))

@@ -21,6 +21,7 @@ import os
 
 import torch
 
+from srope import backend as srope_backend
 from srope.ops.checks import check_backend, check_cu_seqlens, check_device, check_tensor
 from srope.ops.rotary import naive
 
@@ -42,8 +43,10 @@ def _use_triton(backend: str, q: torch.Tensor) -> bool:
     """Whether ``backend`` runs the Triton kernels for inputs on ``q``'s device and dtype.
 
     ``"auto"`` takes them for CUDA tensors when triton imports; ``"triton"`` forces them
-    and also accepts CPU tensors under ``TRITON_INTERPRET=1`` (Triton's interpreter).
+    and also accepts CPU tensors under ``TRITON_INTERPRET=1`` (Triton's interpreter);
+    ``"auto"`` defers to :mod:`srope.backend`'s setting.
     """
+    backend = srope_backend.op_backend(backend)
     if backend == "torch":
         return False
     if backend == "auto":
