@@ -17,10 +17,10 @@ demo: $(STAMP)
 	$(BIN)/srope demo
 
 # Two passes: Triton reads TRITON_INTERPRET when kernels are decorated, so the kernel tests
-# (tests/triton, on the CPU through Triton's interpreter) run in a process of their own.
+# (marked kernels, on the CPU through Triton's interpreter) run in a process of their own.
 # What is skipped in either pass needs a CUDA GPU.
 test: $(STAMP)
 	@echo "== pass 1 of 2: everything but the Triton kernels (pytest -n 2)"
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 -q --ignore=tests/triton
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 -q -m "not kernels" tests
 	@echo "== pass 2 of 2: the Triton kernels under TRITON_INTERPRET=1"
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest tests/triton -q
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m kernels tests

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # for tests.triton.cuda_checks (the decode wiring)
+sys.path.insert(0, str(ROOT))  # for tests.ops.rotary.cuda_checks (the decode wiring)
 sys.path.insert(1, str(ROOT / "src"))
 sys.path.insert(2, str(ROOT / "benchmarks"))
 
@@ -193,7 +193,7 @@ def time_rotation(timer: Timer, fn, leaves) -> dict:
 
 def decode_entries(timer: Timer, device: str, dtype, batches) -> list[dict]:
     """Per-token position-encoding step at the GLA-370M layer (hidden 1024, 4 heads, D 128)."""
-    from tests.triton.cuda_checks import fused_decode_step
+    from tests.ops.rotary.cuda_checks import fused_decode_step
 
     entries = []
     torch.manual_seed(0)

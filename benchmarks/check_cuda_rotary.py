@@ -5,8 +5,8 @@ forward outputs and of all five gradients (q, k, phi, temperature, offset) at th
 shapes, GQA with partial rotary and odd R, and a packed batch with empty and one-token
 sequences, in float32 and bfloat16; bitwise determinism of the backward; the angle error at
 T = 2^20; fixed RoPE; the fused decode step against the module; torch.compile (inductor,
-fullgraph) and a CUDA-graph replay. The cases are ``tests/triton/cuda_checks.py`` (shared
-with ``pytest tests/triton -m gpu``).
+fullgraph) and a CUDA-graph replay. The cases are ``tests/ops/rotary/cuda_checks.py`` (shared
+with ``pytest -m gpu tests/ops/rotary``).
 
 Usage (repository root, GPU machine, TRITON_INTERPRET unset):
 
@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # for tests.triton.cuda_checks
+sys.path.insert(0, str(ROOT))  # for tests.ops.rotary.cuda_checks
 sys.path.insert(1, str(ROOT / "src"))
 sys.path.insert(2, str(ROOT / "benchmarks"))
 
 from common import environment
 
-from tests.triton import cuda_checks
+from tests.ops.rotary import cuda_checks
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

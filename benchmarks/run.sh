@@ -8,7 +8,7 @@
 # SROPE_COMMIT names the commit the working tree is (the device copy's .git, if any, can be older).
 #   checks      the training step as a CUDA graph against eager, resume, host syncs (12 pairs;
 #               Triton autotuning cut to one config: correctness only, run it after timings)
-#   gpu-tests   every test marked gpu and every kernel test (tests/triton, compiled here):
+#   gpu-tests   every test marked gpu and every kernel test (marked kernels, compiled here):
 #               pytest -m "gpu or kernels" tests, one autotune candidate as for checks; JUnit
 #               XML into $R/gpu-tests.xml; GPU_TESTS_ARGS narrows it (e.g. a path)
 #   train       srope train (the CLI) and model.generate, beside fla's GLAForCausalLM

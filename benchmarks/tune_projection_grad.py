@@ -31,7 +31,7 @@ from srope.ops.generator.projection import _weight_grad
 
 # (BN, BI, warps, stages): the first compiles for sm_90 without spills at this shape, the
 # larger ones spilled 100 to 2760 bytes (figures of the unspecialised compile of
-# tests/triton/compile_sm90.py before stop 22; with the JIT's specialisation the first takes
+# tests/ops/compile_sm90.py before it specialised as the JIT does; with that, the first takes
 # 232 registers, no spills)
 BACKWARD_TILES = ((64, 128, 8, 1), (64, 128, 8, 2), (64, 128, 16, 1), (128, 64, 8, 1), (64, 256, 16, 1))
 SLABS = (2048, 1024)

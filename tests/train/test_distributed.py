@@ -39,7 +39,9 @@ def _rank(rank: int, port: int, queue) -> None:
                 (_loss(model, x[rows], y[rows]) * 2 / 8).backward()  # size / global rows, as the trainer scales
             flat.average(World(rank=rank, size=2))
         assert all(p.grad.data_ptr() == v.data_ptr() for p, v in flat.views)
-        queue.put((rank, [p.grad.clone() for p in params]))
+        # numpy arrays go by value: a tensor would be sent as a shared-memory handle that
+        # the parent can only open while this process still runs
+        queue.put((rank, [p.grad.numpy().copy() for p in params]))
     finally:
         dist.destroy_process_group()
 
@@ -64,7 +66,7 @@ def test_flat_gradients_average_over_ranks_equals_one_process():
     (_loss(model, x, y) / 8).backward()
     for rank in range(2):
         for got, param in zip(results[rank], model.parameters()):
-            torch.testing.assert_close(got, param.grad, rtol=1e-12, atol=1e-14)
+            torch.testing.assert_close(torch.from_numpy(got), param.grad, rtol=1e-12, atol=1e-14)
 
 
 def test_flat_gradients_group_by_dtype():

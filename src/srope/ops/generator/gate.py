@@ -41,7 +41,7 @@ BLOCK_N = 64  # tokens per program
 INTERPRET_BLOCK_N = 16  # under TRITON_INTERPRET=1 (quicker tests); 0: the GPU's
 # The conv-fused backward's first pass holds several [tokens, R] tiles at once (dφ, the
 # recomputed conv, dc, the taps for dw): tokens per program such that ptxas keeps them in
-# registers on sm_90 (64 tokens spilled at R = 64, K = 4; tests/triton/compile_sm90.py).
+# registers on sm_90 (64 tokens spilled at R = 64, K = 4; tests/ops/compile_sm90.py).
 CONV_BWD_TILE = 32 * 64 * 4  # tokens x pairs (padded to a power of two) x max(taps, 4)
 # Offsets are int32 in the kernels: calls with more elements are refused.
 MAX_ELEMENTS = 2**31 - 1

@@ -432,7 +432,7 @@ def forward_kernel(
 # BN tokens x BK inputs per step, with this many warps: 64 x 32 x 4 took 0.129 ms at the
 # GLA-370M shape on the H200 (benchmarks/tune_projection_grad.py). 64 x 64 x 4 took 0.124 but
 # faults there (illegal address, with 1, 2 or 3 stages, 4 or 8 warps) on a head chunk of 40
-# inputs and 68 outputs (tests/triton/test_projection_kernels.py), a Triton 3.6 fault whose
+# inputs and 68 outputs (tests/ops/generator/test_projection_kernels.py), a Triton 3.6 fault whose
 # cause we have not found; every 32-input tile ran every tested shape.
 FORWARD_TILE = (64, 32, 4, 3)  # BN, BK, warps, software-pipeline stages
 # The norm's pass: inputs per step and software-pipeline stages (with 1 each step's load

@@ -46,7 +46,7 @@ MAX_SUB_T = 64  # bounds the float32 in-tile phase scan (see kernels._selective_
 LIGHT_ELEMENTS = 512
 INTERPRET_SUB_T = 8
 # The chunk sums run with up to 255 registers: chosen when ptxas was seen to spill 48 bytes
-# there (sm_90, R = 64, bf16). Compiled as the JIT specialises them (tests/triton/
+# there (sm_90, R = 64, bf16). Compiled as the JIT specialises them (tests/ops/
 # compile_sm90.py) the current kernel does not spill either way: 40 registers by default,
 # 116 with 255; which is faster is not measured. The rotation kernels keep ptxas's default:
 # with 255 registers their forward is slower.

@@ -12,7 +12,9 @@ from srope.ops.generator import projection
 from srope.ops.generator import projection_kernels as triton_projection
 from srope.ops.generator.projection_kernels import column_blocks, projection_backward, projection_forward, slab_tokens
 from tests.helpers import generator, randn, rel_err
-from tests.triton.conftest import INTERPRET
+from tests.conftest import INTERPRET
+
+pytestmark = pytest.mark.kernels  # Triton kernels: the pass of their own (tests/conftest.py)
 
 SHAPES = [(1, 1, 16, 16), (37, 3, 24, 21), (70, 2, 40, 68)]
 # (tokens, heads, chunk, width): one input tile or several (the interpreter's tile is 16

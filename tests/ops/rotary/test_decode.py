@@ -8,7 +8,9 @@ import torch
 from srope.modules import SelectiveRoPE
 from srope.ops.rotary.decode import decode_generator_inputs, selective_rope_decode_step
 from tests.helpers import generator, randn, rel_err
-from tests.triton import cuda_checks
+from tests.ops.rotary import cuda_checks
+
+pytestmark = pytest.mark.kernels  # Triton kernels: the pass of their own (tests/conftest.py)
 
 CONFIGS = {
     "silu-standard-gate": dict(),

@@ -1,11 +1,13 @@
-"""Triton kernel tests: interpreted on the CPU (``TRITON_INTERPRET=1``) or run on CUDA.
+"""Kernel tests (marked ``kernels``): interpreted on the CPU (``TRITON_INTERPRET=1``) or
+run on CUDA.
 
-The interpreter flag is read when the kernels are decorated, so these tests run in their
-own process: ``TRITON_INTERPRET=1 python -m pytest tests/triton -q``. Tests marked
-``gpu`` need CUDA and the compiled kernels (no interpreter). Every ``torch.empty`` /
-``torch.empty_like`` made during a test is filled with NaN (integers with a large
-negative value), so an element a kernel forgets to write, or a scratch entry it reads
-before writing, shows up as NaN or garbage.
+The interpreter flag is read when the kernels are decorated, so these tests run in a
+process of their own: ``TRITON_INTERPRET=1 python -m pytest -m kernels tests``; the other
+pass deselects them (``-m "not kernels"``). Kernel tests marked ``gpu`` need CUDA and the
+compiled kernels (no interpreter). Every ``torch.empty`` / ``torch.empty_like`` made during
+a kernel test is filled with NaN (integers with a large negative value), so an element a
+kernel forgets to write, or a scratch entry it reads before writing, shows up as NaN or
+garbage.
 """
 
 from __future__ import annotations
@@ -20,18 +22,16 @@ CUDA = torch.cuda.is_available()
 
 
 def pytest_collection_modifyitems(config, items):
-    here = os.path.dirname(__file__)
     for item in items:
-        if not str(item.fspath).startswith(here):
+        if "kernels" not in item.keywords:
             continue
-        item.add_marker(pytest.mark.kernels)  # so that the GPU stage selects them with -m "gpu or kernels"
         if "gpu" in item.keywords:
             if not CUDA:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
             elif INTERPRET:
                 item.add_marker(pytest.mark.skip(reason="GPU tests run the compiled kernels: unset TRITON_INTERPRET"))
         elif not (CUDA or INTERPRET):
-            item.add_marker(pytest.mark.skip(reason="no CUDA and TRITON_INTERPRET is not 1 (run: TRITON_INTERPRET=1 python -m pytest tests/triton)"))
+            item.add_marker(pytest.mark.skip(reason="no CUDA and TRITON_INTERPRET is not 1 (run: TRITON_INTERPRET=1 python -m pytest -m kernels tests)"))
 
 
 def _poison(tensor: torch.Tensor) -> torch.Tensor:
@@ -41,8 +41,11 @@ def _poison(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture(autouse=True)
-def poisoned_empty(monkeypatch):
-    """NaN-fill every torch.empty / torch.empty_like made during the test."""
+def poisoned_empty(request, monkeypatch):
+    """In kernel tests, NaN-fill every torch.empty / torch.empty_like made during the test."""
+    if request.node.get_closest_marker("kernels") is None:
+        yield
+        return
     empty, empty_like = torch.empty, torch.empty_like
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: _poison(empty(*a, **kw)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: _poison(empty_like(*a, **kw)))

@@ -10,6 +10,8 @@ from srope import backend
 from srope.ops.generator.weights import head_weights
 from tests.helpers import generator, randn, rel_err
 
+pytestmark = pytest.mark.kernels  # Triton kernels: the pass of their own (tests/conftest.py)
+
 # (heads, inputs, pairs, gates): odd sizes, one step and several over the inputs, the
 # GLA-370M head (256 inputs, 64 pairs, the standard gate's 4 logits), a low-rank gate's 16.
 SHAPES = [(1, 1, 1, 0), (3, 37, 5, 3), (4, 256, 64, 4), (2, 40, 16, 16), (2, 9, 7, 0)]

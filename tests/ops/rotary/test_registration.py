@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from srope.ops import selective_rope
 from srope.ops.rotary import chunk as ops
 from srope.ops.rotary.decode import _decode_op
 from tests.helpers import generator, randn, rel_err
+
+pytestmark = pytest.mark.kernels  # Triton kernels: the pass of their own (tests/conftest.py)
 
 
 def _inputs(device, packed=False):

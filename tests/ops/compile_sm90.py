@@ -7,7 +7,7 @@ pipeline down to ptxas, as a GPU with programmatic dependent launch gets them
 spill bytes ptxas reports, whether the PTX waits for the previous kernel, the layout conversions in the TTGIR (most of them a round trip
 through shared memory) and the approximate instructions found in the PTX.
 
-    python -m tests.triton.compile_sm90     (TRITON_INTERPRET must be unset)
+    python -m tests.ops.compile_sm90     (TRITON_INTERPRET must be unset)
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ from srope.ops.conv import causal_conv
 from srope.ops.generator.gate import apply_head_gate, conv_head_gate
 from tests.helpers import generator, randn, rel_err
 
+pytestmark = pytest.mark.kernels  # Triton kernels: the pass of their own (tests/conftest.py)
+
 # (tokens, heads, pairs): one block and a partial one, odd sizes, the benchmark's head shape.
 SHAPES = [(1, 1, 1), (37, 3, 5), (70, 4, 64), (16, 2, 16)]
 

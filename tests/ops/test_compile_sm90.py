@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.triton.compile_sm90 import FORBIDDEN
+import pytest
+
+from tests.ops.compile_sm90 import FORBIDDEN
+
+pytestmark = pytest.mark.kernels  # Triton kernels: the pass of their own (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_kernel_compiles_for_sm90_without_spills_or_approximate_sincos():
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = os.path.join(os.environ.get("TMPDIR", "/tmp"), "srope-sm90-triton-cache")
-    done = subprocess.run([sys.executable, "-m", "tests.triton.compile_sm90"], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "tests.ops.compile_sm90"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

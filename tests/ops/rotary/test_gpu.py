@@ -1,6 +1,6 @@
 """The compiled kernels on CUDA at real sizes (GPU machine, TRITON_INTERPRET unset):
 
-    python -m pytest tests/triton -m gpu -q
+    python -m pytest tests/ops/rotary/test_gpu.py -q
 
 The cases live in ``cuda_checks.py``, shared with ``benchmarks/check_cuda_rotary.py``.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.triton import cuda_checks
+from tests.ops.rotary import cuda_checks
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.kernels]  # compiled Triton kernels (tests/conftest.py)
 
 
 @pytest.mark.parametrize("name", list(cuda_checks.SHAPES))

@@ -22,6 +22,8 @@ from srope.ops.rotary.chunk import (
 )
 from tests.helpers import generator, randn, rel_err
 
+pytestmark = pytest.mark.kernels  # Triton kernels: the pass of their own (tests/conftest.py)
+
 # (B, T, H, Hk, D, R, cu_seqlens, block_t)
 SHAPES = [
     (1, 1, 1, 1, 2, 1, None, 16),  # T = 1, one pair

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.kernels  # Triton kernels: the pass of their own (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
