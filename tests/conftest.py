@@ -23,9 +23,9 @@ CUDA = torch.cuda.is_available()
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "kernels" not in item.keywords:
+        if item.get_closest_marker("kernels") is None:
             continue
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             if not CUDA:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
             elif INTERPRET:
