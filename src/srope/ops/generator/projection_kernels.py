@@ -174,16 +174,8 @@ def backward_kernel(
             _store_weight_grad(dw, grad2, ps, h, ii, mi, W1, M, H, I, M, BM2)
 
 
-# BN tokens x BI of the head chunk per step, with this many warps, pipeline stages and at
-# most this many registers, and at least SLAB tokens per program. At the GLA-370M shape with
-# the host's gradient on the H200: 0.196 ms, against
-# 0.207 with two stages, 0.218-0.342 for 7 other tiles and 0.216 for the previous kernel's
-# tile; in an earlier run 0.210 with two stages against
-# 0.249 for the previous kernel on [tokens, inputs] tiles (64 x 128, 8 warps, one stage: 238
-# registers, one program per SM) and 0.208 for a split into dx (writing dz) and a split-K
-# weight gradient (measured on float32 x, before the
-# backward read the forward's 16-bit copy of x under autocast). Capped at 128 registers two programs fit on an
-# SM; ptxas then spills 156 bytes (compile_sm90), and the tile is still the fastest measured.
+# BN tokens x BI of the head chunk per step, warps, pipeline stages and a register cap, at
+# least SLAB tokens per program: the fastest tile measured (docs/kernels.md, "Tuning").
 BACKWARD_TILE = (32, 128, 8, 3, 128)  # BN, BI, warps, stages, maxnreg
 SLAB = 1024
 MAX_SLABS = 256  # the partial weight gradients take at most this many times the weight's size
@@ -429,16 +421,11 @@ def forward_kernel(
     tl.store(inv_norm + nn * H + h, r, mask=mn)
 
 
-# BN tokens x BK inputs per step, with this many warps: 64 x 32 x 4 took 0.129 ms at the
-# GLA-370M shape on the H200 (benchmarks/tune_projection_grad.py). 64 x 64 x 4 took 0.124 but
-# faults there (illegal address, with 1, 2 or 3 stages, 4 or 8 warps) on a head chunk of 40
-# inputs and 68 outputs (tests/ops/generator/test_projection_kernels.py), a Triton 3.6 fault whose
-# cause we have not found; every 32-input tile ran every tested shape.
+# BN tokens x BK inputs per step, warps, stages. 32-input tiles: a 64-input tile faults in
+# Triton 3.6 on some head chunks (illegal address; docs/kernels.md, "Tuning").
 FORWARD_TILE = (64, 32, 4, 3)  # BN, BK, warps, software-pipeline stages
-# The norm's pass: inputs per step and software-pipeline stages (with 1 each step's load
-# waits for the last: Triton pipelines only the products' loads by itself). With the cast at
-# the GLA-370M shape on the H200: 0.143 ms, against 0.157 for (32, 1), 0.148 for (32, 3) and
-# 0.155 for (128, 2); three stages of 64 took 0.237.
+# The norm's pass: inputs per step and software-pipeline stages (with 1 stage each step's load
+# waits for the last: Triton pipelines only the products' loads by itself).
 NORM_PASS = (64, 2)
 INTERPRETED_FORWARD = ((16, 16, 4, 1), (16, 1))  # (FORWARD_TILE, NORM_PASS) under TRITON_INTERPRET=1
 

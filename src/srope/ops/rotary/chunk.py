@@ -21,35 +21,22 @@ import triton
 from srope.ops._triton import interpreting, on_device, pdl
 from srope.ops.rotary import kernels
 
-# The chunk scans walk a sequence's chunks in steps of BC chunks x BRS channels (about
-# SCAN_ELEMENTS, 8 warps): long sequences take long steps (few serial steps when a batch of
-# one leaves few programs), short ones more channels per program. 2048: the best of
-# tune_rotation.py --scan-only on the H200 at 1x65536x4x128 (scans 0.034 ms against 0.040
-# with 4096), the same time at 8x4096x4x128.
+# Tile sizes (why each value, and what it was measured against: docs/kernels.md, "Tuning").
+# The chunk scans walk a sequence's chunks in steps of BC chunks x BRS channels, about
+# SCAN_ELEMENTS, 8 warps: long sequences take long steps, short ones more channels.
 SCAN_ELEMENTS = 2048
-# The rotation kernels take a whole chunk as one tile: a loop over sub-tiles carries the
-# phase from one to the next and leaves too few loads in flight (H200, 8x4096x4x128 bf16,
-# profiler: 32-token chunks as one tile ran the forward in 0.055 ms, 64-token chunks as two
-# tiles of 32 in 0.092). Chunks hold about TILE_ELEMENTS (tokens x pairs, 4 warps): the
-# fastest of the tiles swept by benchmarks/tune_rotation.py at R = 64 (16 tokens) and
-# R = 32 (32 tokens). The light kernels (chunk sums, dphi) take several chunks and key heads
-# per program and walk them one token at a time, LIGHT_ELEMENTS (chunks x heads x pairs) per
-# step; summing over a [chunks, tokens, channels] tile instead (a reduction across threads)
-# ran at 1.7-2.4 TB/s (H200, profiler: 16x4096x16x64 chunk sums 0.039 ms, dphi 0.083; now
-# 0.023 and 0.054). 512 channels, 4 warps: the best of the tiles tune_rotation.py --light-only
-# swept at the three large benchmark shapes (within 1% of the best at each).
-# Under TRITON_INTERPRET=1 the rotation
-# kernels walk their chunk in sub-tiles of INTERPRET_SUB_T tokens (the loop stays tested);
-# on the GPU, chunks longer than MAX_SUB_T tokens (block_t given) in sub-tiles of that many.
+# The rotation kernels take a whole chunk of about TILE_ELEMENTS (tokens x pairs) as one tile
+# (a sub-tile loop carrying the phase leaves too few loads in flight); chunks longer than
+# MAX_SUB_T tokens (a given block_t) go in sub-tiles of that many, and under
+# TRITON_INTERPRET=1 in sub-tiles of INTERPRET_SUB_T tokens (the loop stays tested).
 TILE_ELEMENTS = 1024
 MAX_SUB_T = 64  # bounds the float32 in-tile phase scan (see kernels._selective_angles)
-LIGHT_ELEMENTS = 512
 INTERPRET_SUB_T = 8
-# The chunk sums run with up to 255 registers: chosen when ptxas was seen to spill 48 bytes
-# there (sm_90, R = 64, bf16). Compiled as the JIT specialises them (tests/ops/
-# compile_sm90.py) the current kernel does not spill either way: 40 registers by default,
-# 116 with 255; which is faster is not measured. The rotation kernels keep ptxas's default:
-# with 255 registers their forward is slower.
+# The light kernels (chunk sums, dphi) walk several chunks and key heads per program one
+# token at a time, LIGHT_ELEMENTS (chunks x heads x pairs) per step, 4 warps.
+LIGHT_ELEMENTS = 512
+# The chunk sums may use up to 255 registers (no spills at any tested shape either way); the
+# rotation kernels keep ptxas's default, with which their forward is faster.
 NO_SPILL = {"maxnreg": 255}
 # q/k dtypes whose rotation forms angles with a float32 in-tile scan (kernels._selective_angles).
 FAST_SCAN_DTYPES = (torch.bfloat16, torch.float16)
