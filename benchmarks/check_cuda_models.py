@@ -26,7 +26,7 @@ import torch
 
 from common import environment, write_json
 from srope.models import SRopeConfig, SRopeForCausalLM
-from srope.models.modeling import CACHE_FIELD
+from srope.models.cache import CACHE_FIELD
 
 GEOMETRY = {
     "gla": dict(hidden_size=1024, num_heads=4, use_short_conv=True),

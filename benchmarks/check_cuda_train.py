@@ -25,7 +25,7 @@ from common import environment, write_json
 from safetensors.torch import load_file
 
 from srope.models import SRopeForCausalLM, preset_config
-from srope.models.modeling import CACHE_FIELD
+from srope.models.cache import CACHE_FIELD
 from srope.train.trainer import TrainConfig, train
 
 MIXERS = {"gla": "gla-tiny", "gated_deltanet": "gdn-tiny", "forgetting_attn": "fox-tiny", "attention": "transformer-tiny"}

@@ -91,7 +91,7 @@ class GraphedGreedyDecode:
     def _step(self) -> torch.Tensor:
         with torch.autocast("cuda", dtype=self.dtype, cache_enabled=False):
             out = self.model(self.token, cache=self.cache, use_cache=True)
-        from srope.models.modeling import CACHE_FIELD
+        from srope.models.cache import CACHE_FIELD
 
         new = state_tensors(getattr(out, CACHE_FIELD))
         if len(new) != len(self.static) or any(a.shape != b.shape for a, b in zip(new, self.static)):

@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import srope.models  # noqa: F401  (registers the Auto classes)
 from srope.layers import GatedLinearAttention
 from srope.models import PRESETS, SRopeConfig, SRopeForCausalLM, preset_config
-from srope.models.modeling import CACHE_FIELD
+from srope.models.cache import CACHE_FIELD
 from srope.ops.layout import RowLayout
 from srope.ops.mixers import naive as mixers_naive
 from tests.helpers import generator, rel_err

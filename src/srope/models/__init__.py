@@ -4,7 +4,8 @@ classes under ``model_type = "srope"``."""
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from srope.models.configuration import MIXERS, SRopeConfig
-from srope.models.modeling import SRopeCache, SRopeForCausalLM, SRopeModel, causal_lm_loss
+from srope.models.cache import SRopeCache
+from srope.models.modeling import SRopeForCausalLM, SRopeModel, causal_lm_loss
 from srope.models.presets import PRESETS, Preset, preset_config
 
 AutoConfig.register(SRopeConfig.model_type, SRopeConfig, exist_ok=True)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from srope.models.cache import CACHE_FIELD, SRopeCache
+
 RECURRENT_MIXERS = ("gla", "gated_deltanet")
 
 
@@ -62,8 +64,6 @@ class DecodeGraphs:
         return {"model": self.model, "graphs": {}}
 
     def applies(self, input_ids, cache, *, attention_mask, inputs_embeds, labels, cu_seqlens, use_cache) -> bool:
-        from srope.models.modeling import SRopeCache
-
         model = self.model
         if not (getattr(model, "decode_graphs", True) and model.config.mixer in RECURRENT_MIXERS and not model.training):
             return False
@@ -89,8 +89,6 @@ class DecodeGraphs:
 
 class _DecodeGraph:
     def __init__(self, model, cache, batch: int, dtype):
-        from srope.models.modeling import SRopeCache
-
         self.model, self.dtype = model, dtype
         self.layers = [state.map(torch.clone) for state in cache.layers]
         self.static = _tensors(self.layers)
@@ -112,8 +110,6 @@ class _DecodeGraph:
             static.copy_(value)
 
     def _run(self) -> torch.Tensor:
-        from srope.models.modeling import CACHE_FIELD
-
         self.work.layers = list(self.layers)
         with torch.autocast("cuda", dtype=self.dtype or torch.bfloat16, enabled=self.dtype is not None, cache_enabled=False):
             out = self.model.model(self.token, cache=self.work, use_cache=True)

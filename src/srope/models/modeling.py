@@ -14,8 +14,9 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLinearAttention, LayerState
+from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLinearAttention
 from srope.layers.common import RMSNorm
+from srope.models.cache import CACHE_FIELD, SRopeCache
 from srope.models.configuration import SRopeConfig
 from srope.models.graphed_decode import DecodeGraphs
 from srope.modules import PositionEncoding, ShortConvolution
@@ -75,37 +76,6 @@ class SRopeBlock(nn.Module):
         )
         x, h = self.mlp_norm(out, residual=h)  # h + out, and its norm, in one kernel on CUDA
         return h + self.mlp(x), state
-
-
-class SRopeCache:
-    """Per-layer :class:`LayerState` s plus the number of tokens seen (prompt padding included)."""
-
-    def __init__(self, num_layers: int):
-        self.layers: list[LayerState | None] = [None] * num_layers
-        self.seen_tokens = 0
-        self.embedded_prompt = 0  # prompt tokens given as inputs_embeds, absent from generate's input_ids
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
-    def get_seq_length(self, layer_idx: int | None = 0) -> int:
-        return self.seen_tokens
-
-    def _map(self, fn) -> None:
-        self.layers = [None if state is None else state.map(fn) for state in self.layers]
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._map(lambda t: t[indices.to(t.device)])
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
-
-
-# transformers renamed the cache field of its outputs from `past_key_values` to `cache` (5.2x).
-CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def _output(cls, cache, **fields):
