@@ -223,7 +223,7 @@ def choose_split(corpus, split: str | None = None, warn: Callable[[str], object]
 
 def default_out(model_dir: str | os.PathLike) -> Path:
     """``out/eval/<run name>.json``: the run folder's name (the model folder's own when it is not a run's ``model/``)."""
-    from srope.cli import OUT  # the project's git-ignored output folder
+    from srope.cli_args import OUT  # the project's git-ignored output folder
 
     folder = Path(model_dir).resolve()
     name = folder.parent.name if folder.name == "model" and folder.parent.name else folder.name

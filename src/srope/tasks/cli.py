@@ -38,7 +38,7 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--label", default=None, help="row name in reports (default: MIXER/POSITION[+gate][+bias])")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved preset and its settings, then exit")
-    from srope.cli import _positive_int  # srope.cli builds this parser, so it is loaded already
+    from srope.cli_args import _positive_int
 
     parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                         help="train N runs of the sweep at once, each in its own process (on the CPU: one torch thread each); same results as one at a time")
