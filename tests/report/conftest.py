@@ -126,7 +126,7 @@ def fixture_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def written(fixture_dir, tmp_path_factory) -> dict:
-    from srope.report.build import write_report
+    from srope.report.write import write_report
 
     out = tmp_path_factory.mktemp("report")
     result = write_report([fixture_dir], out)

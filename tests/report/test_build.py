@@ -131,7 +131,7 @@ def test_cli_parser_is_light_and_the_handler_writes(fixture_dir, tmp_path, capsy
 def test_lm_selection_run_chooses_and_the_seeds_at_its_lr_are_reported(tmp_path):
     """experiments/lm_ablation.py's layout: a sweep on seed 0 chooses the lr, seeds 1-2 trained
     at it outside the sweep are the row (test split), and the choice is noted on it."""
-    from srope.report.build import write_report
+    from srope.report.write import write_report
 
     from .conftest import _write, head, prov
 
@@ -161,7 +161,7 @@ def test_lm_selection_run_chooses_and_the_seeds_at_its_lr_are_reported(tmp_path)
 def test_a_time_limited_run_counts_the_steps_it_trained_and_says_so(tmp_path):
     """A run ended by max_seconds: its budget is the steps it trained, its row and its verdict
     say so, and a smaller eval set than the presets' is named."""
-    from srope.report.build import write_report
+    from srope.report.write import write_report
 
     from .conftest import _write, head, run, synth
 
@@ -190,7 +190,7 @@ def test_the_state_tracking_preset_eval_size_is_the_one_the_report_names():
 def test_runs_that_differ_only_in_their_time_limit_share_one_protocol(tmp_path):
     """max_seconds is a wall-clock cap, not protocol: runs that trained all their steps under
     different caps are compared in one table (a run the cap stopped says so in its row)."""
-    from srope.report.build import write_report
+    from srope.report.write import write_report
 
     from .conftest import _write, copying_runs, head, synth
 

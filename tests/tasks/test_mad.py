@@ -161,7 +161,7 @@ def test_protocol_score():
     with pytest.raises(ValueError, match="unknown MAD setting"):
         mad.protocol_score({"compression/vocab_size=99": 1.0})
     # the runner's summary picks the best optimiser point per setting, then mad.aggregate averages
-    from srope.tasks.runner import summarize
+    from srope.tasks.summary import summarize
 
     runs = [{"setting": "compression/baseline", "group": "compression", "x": None, "lr": lr, "weight_decay": wd, "seed": 0, "score": s,
              "metrics": {"score": s}} for lr, wd, s in [(1e-4, 0.0, 0.2), (1e-3, 0.0, 0.9), (1e-3, 0.1, 0.4)]]

@@ -25,7 +25,7 @@ def _folder(tmp_path, name: str, data: dict):
 
 def _summarised(data: dict) -> dict:
     """What the runner writes once a sweep is done (the report reads ``summary``)."""
-    from srope.tasks.runner import summarize
+    from srope.tasks.summary import summarize
 
     return {**data, "summary": summarize(data["runs"])}
 

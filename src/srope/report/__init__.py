@@ -4,7 +4,8 @@
 - :mod:`srope.report.collect`: finds result files (``srope synth``, ``srope train`` / ``sweep-lr``,
   ``srope eval``, lm-eval, ``srope demo``) and turns them into one record per trained model.
 - :mod:`srope.report.build`: groups those records into table rows (mean ± sd over seeds),
-  applies each experiment's verdict rule and writes the markdown, plots and index.
+  applies each experiment's verdict rule and builds each page's markdown and the index;
+  :mod:`srope.report.plots` draws the pages' figures; :mod:`srope.report.write` writes them.
 - :mod:`srope.report.cli`: the argument parser and handler for ``srope report``.
 
 Importing this package imports nothing heavy.

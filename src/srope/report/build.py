@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from srope.report import paper
-from srope.report.collect import OUR_RECIPE, Collected, Provenance, Run, collect, marks
+from srope.report.collect import OUR_RECIPE, Collected, Provenance, Run, marks
 
 MARGIN = 0.01  # accuracies in [0, 1]: smaller differences are not an ordering
 LEARNS, FAILS, EXTRAPOLATES = 0.99, 0.9, 0.9  # state tracking: the protocol's stopping threshold; "does not learn" below 0.9
@@ -718,32 +718,6 @@ def build_pages(collected: Collected) -> list[Page]:
     for name, builder in PAGES:
         pages.append(builder([r for r in rows if family(r.experiment) == name]))
     return pages
-
-
-def write_report(dirs: list[Path | str], out: Path | str = "out/report", *, plots: bool = True) -> dict:
-    """Read the results under ``dirs`` and write ``out/index.md``, one ``<experiment>.md``
-    per experiment and its PNG; return what was written and every verdict."""
-    if not dirs:
-        raise ValueError("srope report needs at least one result folder")
-    collected = collect(list(dirs))
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    pages = build_pages(collected)
-    written = []
-    for page in pages:
-        if plots and page.rows:
-            from srope.report.plots import plot_page
-
-            png = plot_page(page, out / f"{page.name}.png")
-            if png is not None:
-                page.plot = png.name
-                page.markdown = page.markdown.replace("\n", f"\n\n![{page.title}]({png.name})\n", 1)
-        (out / f"{page.name}.md").write_text(page.markdown)
-        written.append(out / f"{page.name}.md")
-    index = index_markdown(pages, collected, [Path(d) for d in dirs])
-    (out / "index.md").write_text(index)
-    return {"index": out / "index.md", "pages": written, "plots": [out / p.plot for p in pages if p.plot],
-            "verdicts": {p.name: [(panel, group, v.status, v.why) for panel, group, v in p.verdicts] for p in pages}}
 
 
 def _short_panel(panel: str) -> str:

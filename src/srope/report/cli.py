@@ -29,7 +29,7 @@ def add_report_arguments(commands: argparse._SubParsersAction) -> argparse.Argum
 
 
 def run_report_command(args: argparse.Namespace) -> int:
-    from srope.report.build import write_report
+    from srope.report.write import write_report
 
     written = write_report(args.dirs, args.out, plots=not args.no_plots)
     for page, verdicts in written["verdicts"].items():

@@ -86,10 +86,8 @@ def _init_worker(event, counter, budget: int | None, parent: int, threads: int) 
     _WORKER.update(control=SharedControl(event, counter, budget, parent), prepared={})
 
 
-def _work(spec, model_factory, device: str) -> dict | None:
+def _work(run_one, spec, model_factory, device: str) -> dict | None:
     import torch
-
-    from srope.tasks.runner import run_one
 
     control = _WORKER["control"]
     if control.requested():
@@ -107,9 +105,10 @@ def check_picklable(model_factory, jobs: int) -> None:
         ) from None
 
 
-def run_pool(specs: list, model_factory, device, *, jobs: int, threads: int, stop_after_steps: int | None,
+def run_pool(run_one: Callable, specs: list, model_factory, device, *, jobs: int, threads: int, stop_after_steps: int | None,
              on_done: Callable[[Any, dict], None], say: Callable[[str], None]) -> int | None:
-    """Run ``specs`` (:class:`srope.tasks.runner.RunSpec`) in ``jobs`` spawned workers;
+    """Run ``specs`` (:class:`srope.tasks.runner.RunSpec`) in ``jobs`` spawned workers, each
+    by ``run_one`` (:func:`srope.tasks.runner.run_one`, passed in by reference);
     ``on_done(spec, record)`` in this process as each run finishes. Returns the number of
     the signal that stopped the sweep, or None (all done, or the step budget spent). A
     worker's error stops the others (with checkpoints) and is raised here."""
@@ -123,7 +122,7 @@ def run_pool(specs: list, model_factory, device, *, jobs: int, threads: int, sto
         pool = ProcessPoolExecutor(max_workers=min(jobs, len(specs)), mp_context=context, initializer=_init_worker,
                                    initargs=(event, counter, stop_after_steps, os.getpid(), threads))
         try:
-            futures = {pool.submit(_work, spec, model_factory, str(device)): spec for spec in specs}
+            futures = {pool.submit(_work, run_one, spec, model_factory, str(device)): spec for spec in specs}
             waiting = set(futures)
             while waiting:
                 finished, waiting = wait(waiting, timeout=0.1, return_when=FIRST_COMPLETED)

@@ -37,7 +37,7 @@ MAD_SHORT = {"compression": "Compress", "fuzzy-in-context-recall": "Fuzzy Recall
 def load_results(path: Path | str) -> dict:
     """A result folder's ``results.json``; an unfinished sweep is summarised from its runs so far."""
     from srope.tasks import mad
-    from srope.tasks.runner import summarize
+    from srope.tasks.summary import summarize
 
     path = Path(path)
     file = path / RESULTS_FILE if path.is_dir() else path

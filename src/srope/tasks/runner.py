@@ -55,6 +55,7 @@ from tqdm.auto import tqdm
 from srope.tasks import copying, mad, mqar, state_tracking
 from srope.tasks.common import IGNORE, ModelRequest, Prepared, Setting, apply_overrides, default_cache_dir, preset_dict, rng_for
 from srope.tasks.parallel import LocalControl
+from srope.tasks.summary import summarize
 from srope.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from srope.train.distributed import World
 
@@ -313,36 +314,6 @@ def weights_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def _curve_stats(records: list[dict]) -> dict:
-    out = {}
-    for name, first in records[0]["metrics"].get("curves", {}).items():
-        ys = np.array([r["metrics"]["curves"][name]["y"] for r in records], dtype=np.float64)
-        out[name] = {"x": first["x"], "mean": ys.mean(0).tolist(), "min": ys.min(0).tolist(), "max": ys.max(0).tolist()}
-    return out
-
-
-def summarize(runs: list[dict]) -> dict[str, dict]:
-    """Per setting: the optimiser point with the best mean score over seeds, and its stats."""
-    by_setting: dict[str, dict[tuple, list[dict]]] = {}
-    for run in runs:
-        by_setting.setdefault(run["setting"], {}).setdefault((run["lr"], run["weight_decay"]), []).append(run)
-    summary = {}
-    for name, grid in by_setting.items():
-        means = {point: float(np.mean([r["score"] for r in recs])) for point, recs in grid.items()}
-        point = max(means, key=means.get)
-        recs = grid[point]
-        scores = [r["score"] for r in recs]
-        scalar_keys = [k for k, v in recs[0]["metrics"].items() if k != "curves" and isinstance(v, (int, float))]
-        summary[name] = {
-            "group": recs[0]["group"], "x": recs[0]["x"], "lr": point[0], "weight_decay": point[1],
-            "score_mean": float(np.mean(scores)), "score_std": float(np.std(scores)), "scores": scores, "seeds": [r["seed"] for r in recs],
-            "scalars": {k: float(np.mean([r["metrics"][k] for r in recs])) for k in scalar_keys},
-            "curves": _curve_stats(recs),
-            "grid": [{"lr": p[0], "weight_decay": p[1], "score_mean": m} for p, m in sorted(means.items())],
-        }
-    return summary
-
-
 def environment(device: torch.device) -> dict:
     versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
     for package in ("srope", "triton", "flash-linear-attention", "fla-core", "transformers"):
@@ -567,7 +538,7 @@ def _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress,
     elif pending:
         from srope.tasks.parallel import run_pool
 
-        signum = run_pool(pending, model_factory, dev, jobs=jobs, threads=threads, stop_after_steps=stop_after_steps, on_done=finished, say=_say)
+        signum = run_pool(run_one, pending, model_factory, dev, jobs=jobs, threads=threads, stop_after_steps=stop_after_steps, on_done=finished, say=_say)
     outer.close()
     if len(done) < len(specs):
         write()
