@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from srope.modules import PositionEncoding, RoPE, RoPEState, SelectiveRoPE, SelectiveRoPEState, build_position_encoding, temperature_spectrum
+from srope.modules import RoPE, RoPEState, SelectiveRoPE, SelectiveRoPEState, build_position_encoding, temperature_spectrum
 from tests.helpers import generator, randn, rel_err
 
 HIDDEN, HEADS, KEY_HEADS, HEAD_DIM = 12, 4, 2, 8
@@ -424,40 +424,43 @@ def test_rope_state_checked():
 
 
 @pytest.mark.parametrize("kind,options", CONFIGS, ids=IDS)
-def test_prepare_shares_one_cast(kind, options):
-    """``prepare(x).linear`` is x without autocast, and under autocast x cast once (bitwise
-    autocast's cast). Selective RoPE's prepare also runs its projection and returns that
-    cast through it: the rotated q and k are bitwise those of the base route (a plain cast),
-    and x's gradient through both the host's map and the rotation is the base route's (where
+def test_angles_share_one_cast(monkeypatch, kind, options):
+    """``angles(x).x`` is x without autocast, and under autocast x cast once (bitwise
+    autocast's cast). Selective RoPE's angles run its projection then and return that cast
+    through it: the rotated q and k are bitwise those of the base route (a plain cast), and
+    x's gradient through both the host's map and the rotation is the base route's (where
     autograd adds the two), up to one rounding: the shared route's backward keeps x only as
     that bf16 cast, so the normalisation's -r²(dy·y)·x term reads x rounded, as its products do."""
     module = make_module(kind, options, dtype=torch.float32)
     q, k, x = make_inputs(2, 7, seed=8, dtype=torch.float32)
     x.requires_grad_()
     host_weight = randn(5, HIDDEN, seed_gen=generator(9), dtype=torch.float32)
-    assert module.prepare(x).linear is x and module.prepare(x).work is None
+    assert module.angles(x).x is x
 
-    def run(prepare):
+    def run(shared: bool, monkeypatch):
+        if not shared and kind == "selective_rope":  # the base route: a plain cast
+            monkeypatch.setattr(module, "shared_cast", lambda t: (None, None))
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            inputs = prepare(x)
-            host = torch.nn.functional.linear(inputs.linear, host_weight)
-            out_q, out_k, _ = module(q, k, x, prepared=inputs)
+            angles = module.angles(x)
+            host = torch.nn.functional.linear(angles.x, host_weight)
+            out_q, out_k, _ = module.rotate(q, k, angles)
         loss = host.float().square().sum() + (out_q.float() * q).sum() + (out_k.float() * k).sum()
-        return inputs, out_q, out_k, torch.autograd.grad(loss, x)[0]
+        return angles, out_q, out_k, torch.autograd.grad(loss, x)[0]
 
-    shared = run(module.prepare)
-    base = run(lambda t: PositionEncoding.prepare(module, t))
-    assert shared[0].linear.dtype == torch.bfloat16 and torch.equal(shared[0].linear, x.detach().bfloat16())
-    assert (shared[0].work is not None) == (kind == "selective_rope")
+    shared, base = run(True, monkeypatch), run(False, monkeypatch)
+    assert shared[0].x.dtype == torch.bfloat16 and torch.equal(shared[0].x, x.detach().bfloat16())
     assert torch.equal(shared[1], base[1]) and torch.equal(shared[2], base[2])
     assert rel_err(shared[3], base[3]) < 1e-3
 
 
-def test_prepared_must_come_from_this_x():
-    module = make_module("selective_rope", {}, dtype=torch.float32)
+@pytest.mark.parametrize("kind", ["nope", "rope", "selective_rope"])
+def test_rotate_refuses_angles_of_another_shape(kind):
+    module = make_module(kind, {}, dtype=torch.float32)
     q, k, x = make_inputs(1, 4, seed=10, dtype=torch.float32)
-    with pytest.raises(ValueError, match="prepare"):
-        module(q, k, x, prepared=module.prepare(x.clone()))
+    with pytest.raises(ValueError, match="of the x their angles came from"):
+        module.rotate(q, k, module.angles(x[:, :3]))
+    with pytest.raises(TypeError, match="angles must be"):
+        module.rotate(q, k, None)
 
 
 @pytest.mark.parametrize("batch", ["dense", "padded", "packed"])
@@ -466,7 +469,7 @@ def test_host_layers_under_autocast_match_the_base_route(monkeypatch, host, batc
     """A host layer under autocast with Selective RoPE: its output and x's gradient with the
     generator's shared cast equal those with a plain cast (the base route), for dense,
     left-padded and packed batches: the output bitwise, the gradient up to the rounding of x
-    in the normalisation's backward term (see test_prepare_shares_one_cast)."""
+    in the normalisation's backward term (see test_angles_share_one_cast)."""
     from srope.layers import Attention, GatedDeltaNet, GatedLinearAttention
 
     layers = {"gla": (GatedLinearAttention, dict(num_heads=4, use_short_conv=True)),
@@ -490,6 +493,6 @@ def test_host_layers_under_autocast_match_the_base_route(monkeypatch, host, batc
         return out, torch.autograd.grad(out.float().square().sum(), x)[0]
 
     shared = run()
-    monkeypatch.setattr(SelectiveRoPE, "prepare", PositionEncoding.prepare)
+    monkeypatch.setattr(SelectiveRoPE, "shared_cast", lambda self, t: (None, None))
     base = run()
     assert torch.equal(shared[0], base[0]) and rel_err(shared[1], base[1]) < 2e-4

@@ -61,18 +61,16 @@ class Attention(MixerLayer):
         if use_cache and cu_seqlens is not None:
             raise ValueError("a KV cache of packed sequences (cu_seqlens) is not supported; pad the batch and pass attention_mask")
         batch, length, _ = x.shape
-        inputs = self.position.prepare(x)  # the linear maps read inputs.linear
-        q = self.q_proj(inputs.linear).unflatten(-1, (self.num_heads, self.head_dim))
-        k = self.k_proj(inputs.linear).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        v = self.v_proj(inputs.linear).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        angles = self.angles(x, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout)
+        q = self.q_proj(angles.x).unflatten(-1, (self.num_heads, self.head_dim))
+        k = self.k_proj(angles.x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = self.v_proj(angles.x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, position_state = self.rotate(
-            q, k, inputs, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout
-        )
+        q, k, position_state = self.position.rotate(q, k, angles)
         log_forget = None
         if self.f_proj is not None:
-            log_forget = F.logsigmoid(self.f_proj(inputs.linear).to(compute_dtype(x.dtype)))
+            log_forget = F.logsigmoid(self.f_proj(angles.x).to(compute_dtype(x.dtype)))
             if attention_mask is not None:  # padded tokens do not decay
                 log_forget = log_forget * (attention_mask != 0)[..., None]
         key_mask = None if attention_mask is None else attention_mask != 0
@@ -90,7 +88,7 @@ class Attention(MixerLayer):
         else:
             o = forgetting_attention(q, k, v, log_forget, cu_seqlens=cu_seqlens, key_mask=key_mask)
         if self.g_proj is not None:
-            o = o * torch.sigmoid(self.g_proj(inputs.linear).unflatten(-1, (self.num_heads, self.head_dim)))
+            o = o * torch.sigmoid(self.g_proj(angles.x).unflatten(-1, (self.num_heads, self.head_dim)))
         out = self.o_proj(o.to(x.dtype).flatten(-2))
         new_state = None
         if use_cache:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from srope.modules import HostInput, PositionEncoding, ShortConvolution, build_position_encoding
+from srope.modules import Angles, PositionEncoding, ShortConvolution, build_position_encoding
 from srope.ops.fused import rms_norm, rms_norm_gated
 from srope.ops.layout import RowLayout
 
@@ -127,13 +127,12 @@ class MixerLayer(nn.Module):
         q, k, v = (t.unflatten(-1, (h, d)) for t, h, d in zip((q, k, v), heads, dims))
         return q, k, v, conv_state
 
-    def rotate(self, q, k, inputs: HostInput, *, attention_mask, cu_seqlens, state, use_cache, layout=None):
-        """The call into the position encoding: rotate q and k, angles from the block input
-        that ``inputs = self.position.prepare(x)`` was made from (the host's linear maps read
-        ``inputs.linear``)."""
-        return self.position(
-            q, k, inputs.source, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
-            state=None if state is None else state.position, use_cache=use_cache, prepared=inputs, layout=layout,
+    def angles(self, x, *, attention_mask, cu_seqlens, state, use_cache, layout=None) -> Angles:
+        """The position encoding's angles for the block input x; the layer's own linear maps
+        read ``angles.x``, and ``self.position.rotate(q, k, angles)`` rotates its q and k."""
+        return self.position.angles(
+            x, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=None if state is None else state.position,
+            use_cache=use_cache, layout=layout,
         )
 
     @staticmethod

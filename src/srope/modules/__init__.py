@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from srope.modules.base import HostInput, NoPE, PositionEncoding
+from srope.modules.base import Angles, NoPE, PositionEncoding
 from srope.modules.conv import FirstDifference, ShortConvolution
 from srope.modules.rope import RoPE, RoPEState
 from srope.modules.selective_rope import SelectiveRoPE, SelectiveRoPEState
@@ -36,6 +36,6 @@ def build_position_encoding(spec: str | dict[str, Any] | None, *, hidden_size: i
 
 
 __all__ = [
-    "POSITION_TYPES", "FirstDifference", "HostInput", "NoPE", "PositionEncoding", "RoPE", "RoPEState", "SPECTRA",
+    "POSITION_TYPES", "Angles", "FirstDifference", "NoPE", "PositionEncoding", "RoPE", "RoPEState", "SPECTRA",
     "SelectiveRoPE", "SelectiveRoPEState", "ShortConvolution", "build_position_encoding", "temperature_spectrum",
 ]

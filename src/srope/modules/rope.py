@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from srope.modules.base import PositionEncoding
+from srope.modules.base import Angles, PositionEncoding, autocast_input
 from srope.ops.rotary import rope
 from srope.ops.rotary.naive import rope_inverse_frequencies
 
@@ -51,16 +51,14 @@ class RoPE(PositionEncoding):
             self._inv_freq[key] = rope_inverse_frequencies(self.rotary_dim, self.theta).to(key)
         return self._inv_freq[key]
 
-    def forward(self, q, k, x=None, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, prepared=None, layout=None):
-        count = self.check_inputs(q, k, x, attention_mask, cu_seqlens, prepared)
-        if q.shape[-1] != self.head_dim:
-            raise ValueError(f"q and k must have head_dim {self.head_dim}, got {q.shape[-1]}")
-        batch, length = q.shape[:2]
-        start = torch.zeros(count, dtype=torch.long, device=q.device)
+    def angles(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None) -> Angles:
+        count = self.check_call(x, attention_mask, cu_seqlens)
+        batch, length = x.shape[:2]
+        start = torch.zeros(count, dtype=torch.long, device=x.device)
         if state is not None:
             self.check_state(state, RoPEState, {"position": (count,)})
-            start = state.position.to(device=q.device, dtype=torch.long)
-        steps = torch.arange(length, device=q.device)
+            start = state.position.to(device=x.device, dtype=torch.long)
+        steps = torch.arange(length, device=x.device)
         if cu_seqlens is not None:
             seq = torch.searchsorted(cu_seqlens[1:].long(), steps, right=True)
             positions = (start[seq] + steps - cu_seqlens.long()[seq])[None]
@@ -71,9 +69,16 @@ class RoPE(PositionEncoding):
             seen = real.sum(dim=1)
         else:
             positions = start[:, None] + steps[None].expand(batch, length)
-            seen = torch.full((batch,), length, dtype=torch.long, device=q.device)
+            seen = torch.full((batch,), length, dtype=torch.long, device=x.device)
+        return Angles(autocast_input(x), (batch, length), count, cu_seqlens, state, use_cache, (positions, start + seen))
+
+    def rotate(self, q, k, angles: Angles):
+        self.check_rotation(q, k, angles)
+        if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
+            raise ValueError(f"q and k must have head_dim {self.head_dim}, got {q.shape[-1]} and {k.shape[-1]}")
+        positions, seen = angles.value
         q, k = rope(q, k, positions, self.inv_freq(q.device))
-        return q, k, RoPEState(start + seen) if use_cache else None
+        return q, k, RoPEState(seen) if angles.use_cache else None
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, theta={self.theta}"

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from srope import backend
-from srope.modules.base import HostInput, PositionEncoding
+from srope.modules.base import Angles, PositionEncoding, autocast_input
 from srope.modules.conv import FirstDifference, ShortConvolution
 from srope.modules.spectra import SPECTRA, temperature_spectrum
 from srope.ops.checks import compute_dtype
@@ -35,6 +35,19 @@ class SelectiveRoPEState(NamedTuple):
 
     conv: torch.Tensor  # [N, Hk·R, W-1], the last W-1 projected inputs
     phase: torch.Tensor  # [N, Hk, R] float64, Φ after the last token (before temperature)
+
+
+class _Increments(NamedTuple):
+    """Selective RoPE's angles of a call: φ ``[B, T, Hk, R]`` and the conv's new state."""
+
+    phi: torch.Tensor
+    conv_state: torch.Tensor | None
+
+
+class _DecodeStep(NamedTuple):
+    """A one-token step left to the fused decoding kernel, which reads x itself."""
+
+    x: torch.Tensor
 
 
 class SelectiveRoPE(PositionEncoding):
@@ -77,6 +90,8 @@ class SelectiveRoPE(PositionEncoding):
             training length adds up linearly beyond it, and the noise keeps the loss
             sensitive to it (``srope demo`` uses 0.1; see ``srope/demo.py``).
     """
+
+    needs_input = True
 
     def __init__(
         self,
@@ -257,7 +272,7 @@ class SelectiveRoPE(PositionEncoding):
         ``[B, T, Hk, ·]`` in max(float32, x.dtype): the ω map's, then (with a gate) the gate's
         first layer's (:meth:`_first_layer_sizes`). ``grad_dtype`` is the dtype of its backward
         products (float32 inputs only). With ``cast``, also x cast to that dtype, whose
-        gradient comes back through the projection (:meth:`prepare`): ``(parts, x_cast)``."""
+        gradient comes back through the projection (:meth:`angles`): ``(parts, x_cast)``."""
         dtype = compute_dtype(x.dtype)
         weight, sizes = self._first_layers(dtype)
         chunks = x.unflatten(-1, (self.num_heads, -1)).to(dtype)
@@ -267,19 +282,6 @@ class SelectiveRoPE(PositionEncoding):
         y, x_cast = out if cast is not None else (out, None)
         parts = tuple(y) if fused else y.split(sizes, dim=-1)
         return parts if cast is None else (parts, x_cast)
-
-    def prepare(self, x: torch.Tensor) -> HostInput:
-        """Under autocast with gradients, the generator's projection runs here and also
-        returns the host's cast of x, so that x gets one gradient (the projection's backward
-        adds the host's maps' share into its own) instead of two that autograd adds, and on
-        CUDA the cast costs no pass of its own. Otherwise as every encoding."""
-        device = x.device.type
-        if not (torch.is_grad_enabled() and x.dtype == torch.float32 and torch.is_autocast_enabled(device)):
-            return super().prepare(x)
-        grad_dtype = torch.get_autocast_dtype(device)
-        with torch.autocast(device, enabled=False):
-            parts, linear = self.project(x, grad_dtype, cast=grad_dtype)
-        return HostInput(linear.view(x.shape), x, parts)
 
     def generator_inputs(
         self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, projected: tuple[torch.Tensor, ...] | None = None
@@ -309,7 +311,7 @@ class SelectiveRoPE(PositionEncoding):
         the whole sequence, so bf16 rounding of each would accumulate into the angles. Under
         autocast the backward's two large products (the ω map's input and weight gradients)
         run in autocast's dtype, as autocast runs the rest of the backward. ``projected``:
-        :meth:`project`'s parts for x, when :meth:`prepare` ran it."""
+        :meth:`project`'s parts for x, when :meth:`angles` ran it."""
         device = x.device.type
         grad_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         with torch.autocast(device, enabled=False):
@@ -368,37 +370,66 @@ class SelectiveRoPE(PositionEncoding):
         )
         return q, k, SelectiveRoPEState(conv, phase)
 
-    def forward(self, q, k, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, prepared=None, layout=None):
-        count = self.check_inputs(q, k, x, attention_mask, cu_seqlens, prepared)
-        if x is None:
-            raise ValueError("SelectiveRoPE needs the block input x [B, T, hidden] to compute its angles")
+    def angles(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None) -> Angles:
+        """The phase increments φ of x (see :meth:`phase_increments`), and the host's input.
+
+        Under autocast with gradients the generator's projection also returns the host's cast
+        of x, so that x gets one gradient (the projection's backward adds the host's maps' share
+        into its own) instead of two that autograd adds, and on CUDA the cast costs no pass of
+        its own. A one-token decoding step on CUDA without autograd defers everything to
+        :meth:`rotate`, whose fused kernel computes the generator and the rotation at once."""
+        count = self.check_call(x, attention_mask, cu_seqlens)
         if x.shape[-1] != self.hidden_size:
             raise ValueError(f"x must have hidden size {self.hidden_size}, got {x.shape[-1]}")
-        if k.shape[2] != self.num_heads or q.shape[-1] != self.head_dim:
-            raise ValueError(
-                f"k must be [B, T, {self.num_heads}, {self.head_dim}] for this SelectiveRoPE "
-                f"(num_heads={self.num_heads}, head_dim={self.head_dim}), got {tuple(k.shape)}"
-            )
-        conv_state = offset = None
+        conv_state = None
         if state is not None:
             width = (count, self.num_heads * self.pairs, self.conv.state_width)
             self.check_state(state, SelectiveRoPEState, {"conv": width, "phase": (count, self.num_heads, self.pairs)})
-            conv_state, offset = state
+            conv_state = state.conv
             if (
-                self.fused_decode and q.shape[1] == 1 and cu_seqlens is None and backend.kernels(q)
-                and attention_mask is None and not torch.is_grad_enabled()
+                self.fused_decode and x.shape[1] == 1 and cu_seqlens is None and attention_mask is None
+                and not torch.is_grad_enabled() and backend.kernels(x)
             ):
-                q, k, new_state = self.decode_step(q, k, x, state)
-                return q, k, new_state if use_cache else None
-        layout = RowLayout.of(*q.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device, given=layout)
-        phi, conv_state = self.phase_increments(x, layout, conv_state, None if prepared is None else prepared.work, want_state=use_cache)
+                return Angles(autocast_input(x), tuple(x.shape[:2]), count, cu_seqlens, state, use_cache, _DecodeStep(x))
+        projected, host_input = self.shared_cast(x)
+        layout = RowLayout.of(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device, given=layout)
+        phi, conv_state = self.phase_increments(x, layout, conv_state, projected, want_state=use_cache)
         if attention_mask is not None:
             phi = phi * (attention_mask != 0)[..., None, None]
+        host_input = autocast_input(x) if host_input is None else host_input
+        return Angles(host_input, tuple(x.shape[:2]), count, cu_seqlens, state, use_cache, _Increments(phi, conv_state))
+
+    def shared_cast(self, x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor | None]:
+        """Under autocast with gradients and a float32 x: :meth:`project`'s parts and the
+        host's cast of x, written by the projection; else ``(None, None)`` (the host's input
+        is then autocast's plain cast, and the generator projects x itself)."""
+        device = x.device.type
+        if not (torch.is_grad_enabled() and x.dtype == torch.float32 and torch.is_autocast_enabled(device)):
+            return None, None
+        grad_dtype = torch.get_autocast_dtype(device)
+        with torch.autocast(device, enabled=False):
+            projected, host_input = self.project(x, grad_dtype, cast=grad_dtype)
+        return projected, host_input.view(x.shape)
+
+    def rotate(self, q, k, angles: Angles):
+        self.check_rotation(q, k, angles)
+        if k.shape[2] != self.num_heads or q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"k must be [B, T, {self.num_heads}, {self.head_dim}] and q [B, T, H, {self.head_dim}] for this SelectiveRoPE "
+                f"(num_heads={self.num_heads}, head_dim={self.head_dim}), got q {tuple(q.shape)}, k {tuple(k.shape)}"
+            )
+        if isinstance(angles.value, _DecodeStep):
+            q, k, new_state = self.decode_step(q, k, angles.value.x, angles.state)
+            return q, k, new_state if angles.use_cache else None
+        if not isinstance(angles.value, _Increments):
+            raise TypeError("angles must be what this SelectiveRoPE's angles(x) returned")
+        phi, conv_state = angles.value
+        offset = None if angles.state is None else angles.state.phase
         temperature = self.temperature(compute_dtype(q.dtype, phi.dtype), q.device)
         q, k, phase = selective_rope(
-            q, k, phi, temperature, offset=offset, cu_seqlens=cu_seqlens, output_final_phase=use_cache
+            q, k, phi, temperature, offset=offset, cu_seqlens=angles.cu_seqlens, output_final_phase=angles.use_cache
         )
-        return q, k, SelectiveRoPEState(conv_state, phase) if use_cache else None
+        return q, k, SelectiveRoPEState(conv_state, phase) if angles.use_cache else None
 
     def extra_repr(self) -> str:
         return (
