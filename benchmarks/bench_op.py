@@ -45,9 +45,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # for tests.ops.rotary.cuda_checks (the decode wiring)
-sys.path.insert(1, str(ROOT / "src"))
-sys.path.insert(2, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(1, str(ROOT / "benchmarks"))
 
 from common import HBM_BYTES_PER_S, environment, graph_ms, write_json
 
@@ -193,8 +192,6 @@ def time_rotation(timer: Timer, fn, leaves) -> dict:
 
 def decode_entries(timer: Timer, device: str, dtype, batches) -> list[dict]:
     """Per-token position-encoding step at the GLA-370M layer (hidden 1024, 4 heads, D 128)."""
-    from tests.ops.rotary.cuda_checks import fused_decode_step
-
     entries = []
     torch.manual_seed(0)
     module = SelectiveRoPE(1024, 4, 128).to(device=device, dtype=dtype)
@@ -208,7 +205,7 @@ def decode_entries(timer: Timer, device: str, dtype, batches) -> list[dict]:
             _, _, rope_state = rope_module(q[:, :16], k[:, :16], use_cache=True)
         step = (q[:, 16:], k[:, 16:], x[:, 16:])
         candidates = {
-            "decode_srope_fused": lambda step=step, state=state: fused_decode_step(module, *step, state),
+            "decode_srope_fused": lambda step=step, state=state: module.decode_step(*step, state),
             "decode_srope_module": lambda step=step, state=state: module(*step, state=state, use_cache=True),
             "decode_rope_srope": lambda step=step, state=rope_state: rope_module(step[0], step[1], state=state, use_cache=True),
         }

@@ -1,7 +1,7 @@
 """torch.compile of whole models: graph breaks, and compiled training steps against eager.
 
 For every host × position encoding (a 2-layer model; tiny on the CPU, the 370M layer
-geometry of check_cuda_models.py on CUDA under bf16 autocast):
+geometry of check_cuda.py on CUDA under bf16 autocast):
 
 - ``torch._dynamo.explain`` of the loss on a dense batch: graphs, graph breaks and, per
   reason, the innermost srope frame where it happened;
@@ -33,7 +33,7 @@ from srope.models import SRopeConfig, SRopeForCausalLM
 MIXERS = ("attention", "forgetting_attn", "gla", "gated_deltanet")
 POSITIONS = {"nope": "nope", "rope": "rope", "selective_rope": {"type": "selective_rope", "bias": True}}
 TINY = dict(hidden_size=32, num_heads=2, num_hidden_layers=2, vocab_size=61, initializer_range=0.2)
-GEOMETRY = {  # as check_cuda_models.py
+GEOMETRY = {  # as check_cuda.py
     "gla": dict(hidden_size=1024, num_heads=4),
     "gated_deltanet": dict(hidden_size=1024, num_heads=8, head_dim=128),
     "forgetting_attn": dict(hidden_size=1024, num_heads=16),
@@ -45,7 +45,7 @@ def build(mixer: str, position: str, device: str, seed: int = 0) -> SRopeForCaus
     torch.manual_seed(seed)
     options = dict(mixer=mixer, position=POSITIONS[position], **TINY)
     if device != "cpu":
-        options |= dict(GEOMETRY[mixer], vocab_size=1024, initializer_range=0.05)  # as check_cuda_models.py
+        options |= dict(GEOMETRY[mixer], vocab_size=1024, initializer_range=0.05)  # as check_cuda.py
     if mixer in ("gla", "gated_deltanet"):
         options["use_short_conv"] = True
     return SRopeForCausalLM(SRopeConfig(**options)).to(device).train()

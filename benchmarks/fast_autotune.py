@@ -2,7 +2,7 @@
 checks on a fresh GPU machine (fla's first autotune of a new shape costs minutes; any single
 config computes the same result). Never use it for timings.
 
-    python benchmarks/fast_autotune.py benchmarks/check_cuda_models.py --out ...
+    python benchmarks/fast_autotune.py benchmarks/check_cuda.py --data STORE --out ...
 """
 
 import runpy

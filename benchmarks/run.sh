@@ -6,11 +6,13 @@
 # (srope data prepare shakespeare, then copy the store folder it prints); carry all three.
 # Each stage gets SIGINT at its limit (pytest then still writes its report), SIGKILL 20 s later.
 # SROPE_COMMIT names the commit the working tree is (the device copy's .git, if any, can be older).
-#   checks      the training step as a CUDA graph against eager, resume, host syncs (12 pairs;
-#               Triton autotuning cut to one config: correctness only, run it after timings)
+#   checks      benchmarks/check_cuda.py, 12 host x position pairs: the model on CUDA against the
+#               CPU, the training step as a CUDA graph against eager, resume, host syncs, graphed
+#               generate (Triton autotuning cut to one config: correctness only, run it after timings)
 #   gpu-tests   every test marked gpu and every kernel test (marked kernels, compiled here):
 #               pytest -m "gpu or kernels" tests, one autotune candidate as for checks; JUnit
-#               XML into $R/gpu-tests.xml; GPU_TESTS_ARGS narrows it (e.g. a path)
+#               XML into $R/gpu-tests.xml, with each check's measured errors as properties;
+#               GPU_TESTS_ARGS narrows it (e.g. a path)
 #   train       srope train (the CLI) and model.generate, beside fla's GLAForCausalLM
 #   layers      every host's layer with each position encoding (eager and graph), then where the
 #               GLA layer's time goes: kernels, CPU ops and sampled Python stacks
@@ -27,7 +29,7 @@ run() { local limit=$1; shift; echo "== $(date +%T) $*"; timeout -s INT -k 20 "$
 
 for stage in "$@"; do
   case $stage in
-    checks) run "${CHECKS_LIMIT:-200}" python3 benchmarks/fast_autotune.py benchmarks/check_cuda_train.py --data .data/shakespeare --out "$R/check_train.json" ${CHECKS_ARGS:-} ;;
+    checks) run "${CHECKS_LIMIT:-300}" python3 benchmarks/fast_autotune.py benchmarks/check_cuda.py --data .data/shakespeare --out "$R/check_cuda.json" ${CHECKS_ARGS:-} ;;
     gpu-tests) TRITON_CACHE_DIR=/tmp/triton-fast run "${GPU_TESTS_LIMIT:-420}" python3 benchmarks/fast_autotune.py -m pytest -q -p no:cacheprovider \
       -m "gpu or kernels" --junitxml="$R/gpu-tests.xml" --durations=15 ${GPU_TESTS_ARGS:-tests} ;;
     fused)

@@ -1,5 +1,5 @@
 """The captured decoding step's state write-back (the replay itself needs CUDA: it is checked
-against eager decoding on the GPU by benchmarks/check_cuda_train.py)."""
+against eager decoding on the GPU by benchmarks/check_cuda.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The summed LM loss from hidden states (srope.ops.loss): the CPU route against a float64
 computation, ignored targets, the model's ``targets=`` path and its errors. The fused CUDA
-route is checked against this one on the GPU (benchmarks/check_cuda_train.py)."""
+route is checked against this one on the GPU (benchmarks/check_cuda.py)."""
 
 from __future__ import annotations
 

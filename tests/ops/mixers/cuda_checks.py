@@ -1,6 +1,5 @@
 """CUDA paths of the mixers against the CPU float64 reference: one table of cases, used by
-``tests/ops/mixers/test_cuda.py`` (small T) and ``benchmarks/check_cuda_mixers.py``
-(realistic T). Importable without a GPU.
+``tests/ops/mixers/test_cuda.py``. Importable without a GPU.
 
 Every case builds float64 inputs on the CPU, rounds them to the case's dtype, runs the
 mixer on the device (forward, and backward with random cotangents for every input incl.

@@ -1,9 +1,8 @@
 """Every CUDA path of the mixers against the CPU float64 reference (GPU only).
 
 Run on the GPU machine with ``python -m pytest -m gpu tests/ops/mixers -q``. The case
-table and the comparison live in ``cuda_checks.py``, shared with
-``benchmarks/check_cuda_mixers.py``, which runs the same checks at T = 1000 and times the
-kernels. fla's first calls autotune (minutes on a fresh machine; see the guide, §6).
+table and the comparison live in ``cuda_checks.py``; every case records its measured errors
+as a JUnit property (``benchmarks/run.sh gpu-tests`` keeps them). fla's first calls autotune (minutes on a fresh machine; see the guide, §6).
 """
 
 from __future__ import annotations
@@ -23,8 +22,9 @@ CASES = cuda_checks.cases()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_cuda_path_matches_cpu_reference(case):
+def test_cuda_path_matches_cpu_reference(record_property, case):
     result = cuda_checks.run_case(case, batch=2, length=300)
+    record_property("result", result)
     if result["passed"] is None:
         pytest.skip(result["skipped"])
     assert result["passed"], result

@@ -1,5 +1,5 @@
-"""Real-size checks of the compiled Triton kernels on CUDA, shared by ``test_gpu.py`` (which
-asserts) and ``benchmarks/check_cuda_rotary.py`` (which records the errors as JSON).
+"""Real-size checks of the compiled Triton kernels on CUDA, for ``test_gpu.py`` and
+``test_decode.py``.
 
 Every check runs on fresh seeded random inputs and returns the relative RMS errors
 ``‖a−b‖/‖b‖`` against the float64 reference (``srope.ops.rotary.naive``) run on the GPU.

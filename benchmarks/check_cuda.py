@@ -1,5 +1,13 @@
-"""GPU checks of srope train's CUDA-graph step, for every host x position encoding:
+"""The GPU checks of whole models and of srope train's step, for every host x position encoding:
 
+* ``models``: the model on CUDA against the same model on the CPU in float32 (a 2-layer model
+  at the 370M layer geometry: GLA hidden 1024 x 4 heads, GDN 8 heads of 128, FoX/attention
+  16 heads of 64; relative RMS errors as fla's get_err_ratio): forward logits and all
+  parameters' gradients together, float32 (fla's kernels use TF32: about 5e-3 is expected)
+  and under bf16 autocast, with the three parameters of largest error (small, cancelling
+  gradients such as the phase generator's amplify kernel rounding); a packed batch
+  (``cu_seqlens``, 3 documents, one of a single token) against the documents one by one;
+  prefill + cached token-by-token decoding against the full forward;
 * the graph step equals the eager step (``cuda_graph=off``): losses and final weights of a
   few steps of ``train()`` on the same data;
 * a graph-mode run stopped and resumed equals the uninterrupted graph-mode run (bitwise);
@@ -8,12 +16,18 @@
 * ``generate`` with decoding replayed from CUDA graphs equals eager ``generate`` on a
   left-padded batch.
 
-    python benchmarks/check_cuda_train.py --data STORE --out out/bench/check_train.json
+* srope.ops.loss's fused cross-entropy against float64.
+
+    python benchmarks/check_cuda.py --data STORE --out out/bench/check_cuda.json [--only models,graph_vs_eager,...]
+
+The op-level checks (the rotation kernels, the mixers, the decode kernel) are GPU tests:
+``pytest -m "gpu or kernels" tests`` on the GPU machine (``benchmarks/run.sh gpu-tests``).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import tempfile
@@ -24,7 +38,7 @@ import torch
 from common import environment, write_json
 from safetensors.torch import load_file
 
-from srope.models import SRopeForCausalLM, preset_config
+from srope.models import SRopeConfig, SRopeForCausalLM, preset_config
 from srope.models.cache import CACHE_FIELD
 from srope.train.trainer import TrainConfig, train
 
@@ -118,6 +132,75 @@ def graphed_generate(mixer: str, position: str) -> dict:
     return record
 
 
+GEOMETRY = {
+    "gla": dict(hidden_size=1024, num_heads=4, use_short_conv=True),
+    "gated_deltanet": dict(hidden_size=1024, num_heads=8, head_dim=128),
+    "forgetting_attn": dict(hidden_size=1024, num_heads=16),
+    "attention": dict(hidden_size=1024, num_heads=16),
+}
+MODEL_POSITIONS = {"nope": "nope", "rope": {"type": "rope", "theta": 500000.0}, "selective_rope": {"type": "selective_rope", "bias": True}}
+TOL_FP32, TOL_BF16 = 5e-3, 3e-2  # relative RMS errors against the CPU
+
+
+def err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    if torch.isnan(a).any():
+        return float("nan")
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def forward_backward(model, ids, autocast=None):
+    model.zero_grad(set_to_none=True)
+    with autocast or torch.autocast("cpu", enabled=False):
+        logits = model(ids, use_cache=False).logits
+    logits.float().square().mean().backward()
+    return logits, grads(model)
+
+
+def models(mixer: str, position: str) -> dict:
+    """The model on CUDA against the CPU in float32 (see the module's docstring)."""
+    device, geometry, position = torch.device("cuda"), GEOMETRY[mixer], MODEL_POSITIONS[position]
+    config = SRopeConfig(mixer=mixer, position=position, vocab_size=512, num_hidden_layers=2, initializer_range=0.05, **geometry)
+    torch.manual_seed(0)
+    cpu_model = SRopeForCausalLM(config).float()
+    with torch.no_grad():  # trained-like position-encoding weights
+        for name, param in cpu_model.named_parameters():
+            if ".position." in name:
+                param.add_(0.3 * torch.randn_like(param))
+    gpu_model = copy.deepcopy(cpu_model).to(device)
+    length = 300
+    ids = torch.randint(0, 512, (2, length))
+    out = {}
+    ref_logits, ref_grads = forward_backward(cpu_model, ids)
+    runs = [("fp32", None)] + ([("bf16", torch.autocast("cuda", dtype=torch.bfloat16))] if device.type == "cuda" else [])
+    for label, autocast in runs:
+        logits, got = forward_backward(gpu_model, ids.to(device), autocast)
+        out[f"{label}_logits"] = err(logits, ref_logits)
+        out[f"{label}_grads"] = err(torch.cat([got[n].flatten() for n in ref_grads]), torch.cat([ref_grads[n].flatten() for n in ref_grads]))
+        per_param = sorted(((err(got[n], ref_grads[n]), n) for n in ref_grads), reverse=True)
+        out[f"{label}_worst_params"] = [[name, e] for e, name in per_param[:3]]
+    with torch.no_grad():
+        bounds = [0, length // 3, length // 3 + 1, length]  # includes a one-token document
+        packed = gpu_model(ids[:1].to(device), cu_seqlens=torch.tensor(bounds, dtype=torch.int32, device=device), use_cache=False).logits
+        alone = torch.cat([gpu_model(ids[:1, s:e].to(device), use_cache=False).logits for s, e in zip(bounds[:-1], bounds[1:])], 1)
+        out["packed_vs_separate"] = err(packed, alone)
+        full = gpu_model(ids.to(device), use_cache=False).logits
+        step = gpu_model(ids[:, : length - 8].to(device), use_cache=True)
+        cache, parts = getattr(step, CACHE_FIELD), [step.logits]
+        for t in range(length - 8, length):
+            step = gpu_model(ids[:, t : t + 1].to(device), cache=cache, use_cache=True)
+            cache = getattr(step, CACHE_FIELD)
+            parts.append(step.logits)
+        out["decode_vs_full"] = err(torch.cat(parts, 1), full)
+    limits = {"fp32_logits": TOL_FP32, "fp32_grads": TOL_FP32, "bf16_logits": TOL_BF16, "bf16_grads": TOL_BF16, "packed_vs_separate": TOL_FP32, "decode_vs_full": TOL_FP32}
+    out["models_passed"] = all(out[k] <= v for k, v in limits.items() if k in out)  # NaN fails
+    return out
+
+
 def fused_loss() -> dict:
     """The CUDA route of srope.ops.loss (fla's fused cross-entropy) against the float64
     reference: the summed loss and the hidden-state and head gradients, float32 and bf16."""
@@ -143,15 +226,20 @@ def fused_loss() -> dict:
     return record
 
 
+CHECKS = {"models": models, "graph_vs_eager": graph_vs_eager, "no_host_sync": no_host_sync, "graphed_generate": graphed_generate}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--mixers", default=",".join(MIXERS))
     parser.add_argument("--positions", default=",".join(POSITIONS))
+    parser.add_argument("--only", default=",".join(CHECKS), help=f"checks to run per pair, of {','.join(CHECKS)}")
     parser.add_argument("--only-loss", action="store_true", help="only the fused loss against float64")
-    parser.add_argument("--out", default="out/bench/check_train.json")
+    parser.add_argument("--out", default="out/bench/check_cuda.json")
     args = parser.parse_args()
+    checks = [CHECKS[name] for name in args.only.split(",")]
     report = {"environment": environment(), "command": " ".join(sys.argv), "results": []}
     try:
         report["fused_loss"] = fused_loss()
@@ -164,7 +252,7 @@ def main() -> int:
     for mixer in args.mixers.split(","):
         for position in args.positions.split(","):
             record = {"mixer": mixer, "position": position}
-            for check in (graph_vs_eager, no_host_sync, graphed_generate):
+            for check in checks:
                 try:
                     record |= check(args.data, mixer, position, args.steps) if check is graph_vs_eager else check(mixer, position)
                 except Exception as error:
