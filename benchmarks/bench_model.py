@@ -26,7 +26,7 @@ from common import environment, write_json
 from graphs import GraphedGreedyDecode, GraphedTrainStep
 from srope.models import SRopeForCausalLM, preset_config
 from srope.models.cache import CACHE_FIELD, SRopeCache
-from srope.train.optim import build_optimizer
+from srope.lab.train.optim import build_optimizer
 
 POSITIONS = {"nope": "nope", "rope": {"type": "rope", "theta": 500000.0}, "selective_rope": {"type": "selective_rope"}}
 

@@ -40,7 +40,7 @@ from safetensors.torch import load_file
 
 from srope.models import SRopeConfig, SRopeForCausalLM, preset_config
 from srope.models.cache import CACHE_FIELD
-from srope.train.trainer import TrainConfig, train
+from srope.lab.train.trainer import TrainConfig, train
 
 MIXERS = {"gla": "gla-tiny", "gated_deltanet": "gdn-tiny", "forgetting_attn": "fox-tiny", "attention": "transformer-tiny"}
 POSITIONS = ("nope", "rope", "selective_rope")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from srope.tasks import autotune  # noqa: E402
+from srope.lab.tasks import autotune  # noqa: E402
 
 autotune.apply("first")  # also for synthetic runs started inside, and their workers
 if sys.argv[1] == "-m":  # python benchmarks/fast_autotune.py -m pytest ...

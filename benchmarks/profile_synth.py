@@ -22,12 +22,12 @@ import torch.nn.functional as F
 
 from benchmarks.bench_op import kernel_time
 from benchmarks.common import environment, write_json
-from srope import provenance
-from srope.cli import srope_model_factory
+from srope.lab import provenance
+from srope.lab.cli import srope_model_factory
 from srope.layers.common import RMSNorm
 from srope.models.modeling import SwiGLU
-from srope.tasks.common import IGNORE, rng_for
-from srope.tasks.runner import _autocast, as_logits, get_task, model_request, resolve_preset
+from srope.lab.tasks.common import IGNORE, rng_for
+from srope.lab.tasks.runner import _autocast, as_logits, get_task, model_request, resolve_preset
 
 CONFIGS = {  # name: (task, preset, overrides), as experiments/gpu.sh runs them
     "copying-nope": ("copying", "authors", {"position_type": "nope"}),

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-# The library: what a model needs. Everything else under srope is the lab around it
-# (training, tasks, evaluation, report, theory, demo, the command line).
+# The library: what a model needs. Everything else under srope is the lab around it, in
+# srope.lab (training, tasks, evaluation, report, theory, demo, the command line).
 LIBRARY = ("srope.ops", "srope.modules", "srope.layers", "srope.models", "srope.backend", "srope._lazy")
 
 
@@ -79,6 +79,12 @@ def test_the_library_never_imports_the_lab():
     assert {"srope.ops.rotary", "srope.models.modeling"} <= library and graph["srope.models.modeling"]
     wrong = {m: sorted(t for t in graph[m] if t not in library) for m in sorted(library)}
     assert not {m: t for m, t in wrong.items() if t}, f"library modules importing the lab: {wrong}"
+
+
+def test_everything_outside_the_library_is_in_the_lab():
+    outside = {m for m in _graph() if m not in ("srope", "srope.__main__") and not m.startswith(LIBRARY)}
+    assert "srope.lab.train.trainer" in outside
+    assert not {m for m in outside if not m.startswith("srope.lab")}, sorted(outside)
 
 
 def test_import_srope_is_light():

@@ -1,5 +1,5 @@
 import sys
 
-from srope.cli import main
+from srope.lab.cli import main
 
 sys.exit(main())

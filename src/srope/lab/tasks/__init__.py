@@ -1,0 +1,20 @@
+"""The paper's synthetic tasks: generators, metrics, presets and one runner.
+
+Tasks (one module each): ``mqar`` (Zoology's multi-query associative recall), ``mad`` (the
+six MAD tasks and their 66 settings), ``copying`` (string copying with length
+extrapolation) and ``state_tracking`` (group word problems: S2 parity, A3, S3, S5).
+
+``run_synthetic(task, model_factory, out=..., overrides=...)`` trains and evaluates one model
+configuration with the task's protocol; ``report(dirs)`` compares result folders.
+Attributes import their module on first use (``srope --help`` stays fast).
+"""
+
+from srope._lazy import lazy_exports
+
+_EXPORTS = {
+    **{name: "srope.lab.tasks.common" for name in ("ModelRequest", "apply_overrides", "default_cache_dir", "parse_lengths", "parse_overrides")},
+    **{name: "srope.lab.tasks.runner" for name in ("TASKS", "get_task", "report", "resolve_preset", "run_synthetic")},
+}
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
+
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,102 @@
+"""``srope synth``: the argument parser and its handler, for ``srope.lab.cli`` to mount.
+
+    srope synth TASK [--preset NAME] [--mixer M] [--position P] [--set KEY=VALUE ...] --out DIR
+                     [--jobs N] [--stop-after-steps K] [--resume]
+    srope synth TASK ... --dry-run          # print the resolved preset and settings, run nothing
+    srope synth report DIR [DIR ...] [--out FILE]
+
+``--jobs N`` trains N of the sweep's runs at once in worker processes; ``--resume``
+continues the sweep in ``--out`` exactly where it stopped (SIGINT, SIGTERM,
+``--stop-after-steps``, or a kill: then from the last checkpoint).
+
+``--mixer`` and ``--position`` are shorthands for ``--set mixer=...`` and
+``--set position_type=...``; ``--set model.KEY=V`` / ``--set position.KEY=V`` reach the model
+config and the selected position encoding's options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+TASK_NAMES = ("mqar", "mad", "copying", "state_tracking")  # srope.lab.tasks.runner.TASKS (not imported here: keeps `srope --help` fast)
+POSITIONS = ("nope", "rope", "selective_rope")
+
+
+def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task", help=f"one of: {', '.join(TASK_NAMES)}; or 'report' to tabulate result folders")
+    parser.add_argument("dirs", nargs="*", help="(report) result folders to compare")
+    parser.add_argument("--preset", default=None, help="task preset: cpu (small, under a minute on 2 cores), paper, and the task's own (mqar: zoology; copying, state_tracking: authors; state_tracking also paper_a3); --dry-run lists them")
+    parser.add_argument("--mixer", default=None, help="token mixer (gla, gated_deltanet, forgetting_attn, attention); default: the preset's")
+    parser.add_argument("--position", default=None, choices=POSITIONS, help="position encoding; default: the preset's (selective_rope)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a preset entry (repeatable)")
+    parser.add_argument("--out", default=None, help="result folder (a task run) or markdown file (report; default: print)")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--cache-dir", default="default", help="data cache (default: $SROPE_CACHE or ~/.cache/srope)")
+    parser.add_argument("--label", default=None, help="row name in reports (default: MIXER/POSITION[+gate][+bias])")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved preset and its settings, then exit")
+    from srope.lab.cli_args import _positive_int
+
+    parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                        help="train N runs of the sweep at once, each in its own process (on the CPU: one torch thread each); same results as one at a time")
+    parser.add_argument("--stop-after-steps", type=_positive_int, default=None, metavar="K",
+                        help="stop after about K optimiser steps (over all runs) with checkpoints; continue with --resume")
+    parser.add_argument("--resume", action="store_true", help="continue the sweep in --out: finished runs are kept, the others continue from their checkpoints")
+    parser.add_argument("--autotune", choices=("full", "first"), default=None,
+                        help="full: Triton autotunes every kernel (default, or $SROPE_AUTOTUNE); first: the first candidate only, "
+                             "which spares minutes of fla's autotuning per new model width (same results up to rounding)")
+
+
+def synth_overrides(args: argparse.Namespace) -> dict[str, str]:
+    from srope.lab.tasks.common import parse_overrides
+
+    overrides = {}
+    if args.mixer is not None:
+        overrides["mixer"] = args.mixer
+    if args.position is not None:
+        overrides["position_type"] = args.position
+    overrides.update(parse_overrides(args.overrides))
+    return overrides
+
+
+def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
+    """Handle parsed ``srope synth`` arguments; ``model_factory(request) -> nn.Module``."""
+    from srope.lab.tasks.common import preset_dict
+    from srope.lab.tasks.runner import get_task, presets_line, report, resolve_preset, run_synthetic
+
+    if args.task == "report":
+        if not args.dirs:
+            raise ValueError("srope synth report: give at least one result folder")
+        text = report(args.dirs)
+        if args.out:
+            Path(args.out).write_text(text)
+            print(f"wrote {args.out}")
+        else:
+            print(text)
+        return 0
+    if args.dirs:
+        raise ValueError(f"unexpected arguments {args.dirs} (only `srope synth report` takes folders)")
+    overrides = synth_overrides(args)
+    cfg = resolve_preset(args.task, args.preset, overrides)
+    if args.dry_run:
+        settings = get_task(args.task).settings(cfg)
+        print(presets_line(args.task))
+        print(json.dumps(preset_dict(cfg), indent=1))
+        print(f"{len(settings)} settings x {len(cfg.lrs) * len(cfg.weight_decays) * len(cfg.seeds)} runs each:")
+        for s in settings:
+            print(f"  {s.name}  (vocab {s.vocab_size}, length {s.max_len})")
+        return 0
+    if not args.out:
+        raise ValueError("--out DIR is required")
+    cache = None if args.cache_dir in ("", "none") else args.cache_dir
+    results = run_synthetic(args.task, model_factory, out=args.out, overrides=overrides, preset=args.preset, device=args.device,
+                            cache_dir=cache, label=args.label, progress=not args.no_progress, resume=args.resume, jobs=args.jobs,
+                            stop_after_steps=args.stop_after_steps, autotune=args.autotune)
+    print(report([args.out]))
+    print(f"wrote {Path(args.out) / 'results.json'} in {results['seconds']:.0f} s")
+    if not results["complete"]:
+        print(results["stopped"])
+    return 0

@@ -1,0 +1,411 @@
+"""Pieces every synthetic task shares: presets and ``--set`` overrides, seeded random
+streams, the on-disk cache, batch streams, the model request and the accuracy metrics.
+
+Targets use ``IGNORE = -100`` for positions that carry no loss and no metric.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import typing
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from srope.lab.overrides import coerce, parse_literal
+
+IGNORE = -100
+CACHE_ENV = "SROPE_CACHE"
+DATA_VERSION = 1  # bump when a generator's output changes; it is part of every cache key
+
+# ---------------------------------------------------------------------------------------
+# Presets
+
+
+@dataclass
+class TrainConfig:
+    """Optimiser, schedule, sweep and stopping rule; every task preset extends it.
+
+    ``schedule``: ``"cosine_epoch"`` (cosine over epochs, stepped once per epoch, to
+    ``min_lr``: MAD, Zoology), ``"cosine"`` (cosine over all steps to ``min_lr``: state
+    tracking), ``"linear_warmup"`` (linear warm-up over ``warmup`` of the steps, then linear
+    decay to 0: copying) or ``"constant"``. ``stop_at``: stop once the eval score passes it
+    (``>`` or, with ``stop_inclusive``, ``>=``); ``patience``: stop after that many evals
+    without improvement. ``select``: which eval a run reports, ``"final"`` or ``"best"``.
+    ``max_steps`` caps every run (for quick runs; ``None``: the protocol's length).
+    ``max_seconds`` is a wall-clock budget per run (resumed time counted): training stops at
+    the first step past it, the run evaluates once more and records ``stopped: "time"``. The
+    schedule is the planned one, so such a run ends before its learning rate has decayed.
+
+    Checkpoints: the run in progress is saved every ``checkpoint_every`` optimiser steps (and
+    at a planned stop), so ``--resume`` continues it exactly; ``save_weights`` keeps every
+    finished run's weights (``DIR/runs/NAME/model.safetensors``). Neither changes a number,
+    so a resumed sweep may change them.
+
+    Model: ``mixer`` and ``model`` (HF-style config entries) go to the model factory with
+    ``{"type": position_type, **position[position_type]}`` as the position encoding; the
+    presets carry the authors' position-encoding options for each type.
+    """
+
+    lrs: tuple[float, ...] = (1e-3,)
+    weight_decays: tuple[float, ...] = (0.0,)
+    seeds: tuple[int, ...] = (0,)
+    batch_size: int = 128
+    eval_batch_size: int = 256
+    epochs: int = 1
+    max_steps: int | None = None
+    max_seconds: float | None = None
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float | None = None
+    schedule: str = "constant"
+    warmup: float = 0.0
+    min_lr: float = 0.0
+    stop_at: float | None = None
+    stop_inclusive: bool = False
+    patience: int | None = None
+    select: str = "final"
+    # At most this many steps are lost to a kill without warning; a checkpoint of the largest
+    # synthetic model (copying: 4 layers of 512, 14.9M parameters, with AdamW's moments) is 180 MB.
+    checkpoint_every: int = 200
+    save_weights: bool = False
+    mixer: str = "gla"
+    model: dict = field(default_factory=dict)
+    position_type: str = "selective_rope"
+    position: dict = field(default_factory=dict)  # {position type: its keyword arguments}
+
+
+SCHEDULES = ("constant", "cosine", "cosine_epoch", "linear_warmup")
+SELECTS = ("final", "best")
+
+
+def check_train_config(cfg: TrainConfig, auto_batch: bool = False) -> None:
+    """Range checks shared by every preset (raises ValueError); ``auto_batch`` allows
+    ``batch_size=0`` (the task picks it)."""
+    for name in ("lrs", "weight_decays", "seeds"):
+        if not getattr(cfg, name):
+            raise ValueError(f"{name} must list at least one value")
+    if any(not lr > 0 for lr in cfg.lrs):
+        raise ValueError(f"learning rates must be positive, got {cfg.lrs}")
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {cfg.schedule!r}")
+    if cfg.select not in SELECTS:
+        raise ValueError(f"select must be one of {SELECTS}, got {cfg.select!r}")
+    if cfg.batch_size < (0 if auto_batch else 1) or cfg.eval_batch_size < 1 or cfg.epochs < 1:
+        raise ValueError(f"batch_size{' (0: automatic)' if auto_batch else ''}, eval_batch_size and epochs must be >= 1")
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1 or None, got {cfg.max_steps}")
+    if cfg.max_seconds is not None and not cfg.max_seconds > 0:
+        raise ValueError(f"max_seconds must be > 0 or None, got {cfg.max_seconds}")
+    if isinstance(cfg.checkpoint_every, bool) or not isinstance(cfg.checkpoint_every, int) or cfg.checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be a positive number of steps, got {cfg.checkpoint_every!r}")
+    if not 0.0 <= cfg.warmup < 1.0:
+        raise ValueError(f"warmup is a fraction of the steps in [0, 1), got {cfg.warmup}")
+
+
+def apply_overrides(preset: Any, overrides: dict[str, Any] | None) -> Any:
+    """A copy of the dataclass ``preset`` with ``overrides`` applied (``{"lrs": "1e-3,5e-4"}``).
+
+    Values may be typed or strings (as from ``--set key=value``); strings are converted to
+    the field's type. ``model.KEY`` sets an entry of the model dict and ``position.KEY`` an
+    option of the selected position encoding (``position[position_type]``); both pass
+    through to the model factory, which checks them. Unknown keys raise ValueError listing
+    the valid ones.
+    """
+    if not overrides:
+        return dataclasses.replace(preset)
+    hints = typing.get_type_hints(type(preset))
+    names = [f.name for f in dataclasses.fields(preset)]
+    changes: dict[str, Any] = {}
+    nested: dict[str, dict] = {}
+    for key, value in overrides.items():
+        head, dot, rest = key.partition(".")
+        if dot and head in ("model", "position") and rest:
+            nested.setdefault(head, {})[rest] = parse_literal(value) if isinstance(value, str) else value
+            continue
+        if key not in hints or key not in names:
+            raise ValueError(f"unknown setting {key!r} for {type(preset).__name__}; valid: {', '.join(sorted(names))}, model.KEY, position.KEY")
+        try:
+            changes[key] = coerce(value, hints[key], key)
+        except (TypeError, ValueError, json.JSONDecodeError) as err:
+            raise ValueError(f"--set {key}={value!r}: {err}") from None
+    if "model" in nested:
+        changes["model"] = {**changes.get("model", preset.model), **nested["model"]}
+    if "position" in nested:
+        kind = changes.get("position_type", getattr(preset, "position_type", None))
+        table = {name: dict(kwargs) for name, kwargs in changes.get("position", preset.position).items()}
+        table[kind] = {**table.get(kind, {}), **nested["position"]}
+        changes["position"] = table
+    return dataclasses.replace(preset, **changes)
+
+
+def preset_dict(preset: Any) -> dict:
+    """The preset as plain JSON-able values."""
+    return json.loads(json.dumps(dataclasses.asdict(preset), default=list))
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, str]:
+    """``["lrs=1e-3,5e-4", "seeds=0"]`` (CLI ``--set``) into a dict; a malformed item raises."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_lengths(spec: str | int | list | tuple) -> list[int]:
+    """Lengths from ``"2-512"``, ``"2-512:8"`` (step), ``"64,128,256"`` or a list; sorted, unique."""
+    if isinstance(spec, int):
+        items: list = [spec]
+    elif isinstance(spec, (list, tuple)):
+        items = list(spec)
+    else:
+        items = [part.strip() for part in str(spec).split(",") if part.strip()]
+    lengths: set[int] = set()
+    for item in items:
+        if isinstance(item, int):
+            lengths.add(item)
+            continue
+        body, colon, step = item.partition(":")
+        lo, dash, hi = body.partition("-")
+        try:
+            if dash:
+                lengths.update(range(int(lo), int(hi) + 1, int(step) if colon else 1))
+            else:
+                lengths.add(int(body))
+        except ValueError:
+            raise ValueError(f"bad length spec {item!r}; use e.g. '2-512', '2-512:8' or '64,128'") from None
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"lengths must be positive integers, got {spec!r}")
+    return sorted(lengths)
+
+
+# ---------------------------------------------------------------------------------------
+# Randomness and cache
+
+
+def rng_for(seed: int, *keys: str | int) -> np.random.Generator:
+    """A numpy Generator determined by ``seed`` and ``keys`` (strings hashed with crc32)."""
+    words = [int(seed) & 0xFFFFFFFF] + [zlib.crc32(k.encode()) if isinstance(k, str) else int(k) & 0xFFFFFFFF for k in keys]
+    return np.random.default_rng(words)
+
+
+def default_cache_dir() -> Path:
+    """``$SROPE_CACHE`` when set, else ``~/.cache/srope``."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "srope"
+
+
+def cache_key(kind: str, params: dict) -> str:
+    blob = json.dumps({"kind": kind, "version": DATA_VERSION, **params}, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def cached_arrays(
+    kind: str,
+    params: dict,
+    build: Callable[[], dict[str, np.ndarray]],
+    cache_dir: Path | str | None,
+    min_elements: int = 1 << 20,
+) -> dict[str, np.ndarray]:
+    """``build()`` once, kept as ``cache_dir/kind/<hash>.npz`` when it holds ``>= min_elements``.
+
+    ``cache_dir=None`` never touches the disk. The file name is a hash of ``kind``,
+    ``params`` and ``DATA_VERSION``; writes go through a temporary file and a rename.
+    """
+    if cache_dir is None:
+        return build()
+    path = Path(cache_dir) / kind / f"{cache_key(kind, params)}.npz"
+    if path.exists():
+        with np.load(path) as data:
+            return {name: data[name] for name in data.files}
+    arrays = build()
+    if sum(a.size for a in arrays.values()) >= min_elements:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+        (path.with_suffix(".json")).write_text(json.dumps({"kind": kind, "version": DATA_VERSION, **params}, sort_keys=True, default=str))
+    return arrays
+
+
+def small_int(array: np.ndarray) -> np.ndarray:
+    """Store token arrays compactly (int16 when the values fit, which they do for vocab < 32k)."""
+    if array.size == 0 or (array.min() >= np.iinfo(np.int16).min and array.max() <= np.iinfo(np.int16).max):
+        return array.astype(np.int16)
+    return array.astype(np.int32)
+
+
+# ---------------------------------------------------------------------------------------
+# Settings, batches and the model request
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What a model factory is asked to build: ``model_factory(request) -> nn.Module``.
+
+    ``model`` holds HF-style config entries (``hidden_size``, ``num_hidden_layers``,
+    ``num_heads``, ...); ``position`` the position-encoding config with its ``"type"``
+    (``{"type": "selective_rope", "spectrum": "uniform", ...}``). The module must return
+    logits ``[B, T, vocab_size]``, as a tensor or as an output with ``.logits``.
+    """
+
+    task: str
+    setting: str
+    vocab_size: int
+    max_len: int
+    mixer: str
+    model: dict
+    position: dict
+
+
+@dataclass
+class Setting:
+    """One task setting (one trained model per optimiser point and seed)."""
+
+    name: str
+    group: str
+    vocab_size: int
+    max_len: int
+    params: dict
+    model: dict = field(default_factory=dict)
+    x: float | None = None  # the x value of this setting in summary plots (e.g. model dim)
+
+
+class ArrayStream:
+    """Batches from fixed arrays; a fresh permutation per epoch when ``shuffle``.
+
+    The epoch's order is drawn from ``rng`` when the epoch begins, so a run resumes an epoch
+    by drawing it again from the RNG state the epoch began with (``replays_epoch_start``)
+    and skipping the ``start`` batches it had trained on.
+    """
+
+    replays_epoch_start = True
+
+    def __init__(self, inputs: np.ndarray, targets: np.ndarray, batch_size: int, shuffle: bool = True):
+        if inputs.shape != targets.shape or inputs.ndim != 2:
+            raise ValueError(f"inputs and targets must both be [N, T], got {inputs.shape} and {targets.shape}")
+        self.inputs, self.targets, self.batch_size, self.shuffle = inputs, targets, int(batch_size), shuffle
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.inputs) / self.batch_size)
+
+    def epoch(self, epoch: int, rng: np.random.Generator, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        order = rng.permutation(len(self.inputs)) if self.shuffle else np.arange(len(self.inputs))
+        for begin in range(start * self.batch_size, len(order), self.batch_size):
+            index = order[begin : begin + self.batch_size]
+            yield self.inputs[index].astype(np.int64), self.targets[index].astype(np.int64)
+
+
+class SampledStream:
+    """Fresh batches from ``sample(rng) -> (inputs, targets)``; ``steps_per_epoch`` per epoch.
+
+    Every batch is drawn when it is needed, so a run resumes from the RNG state after the
+    last batch it trained on and draws the epoch's remaining ``steps_per_epoch - start``.
+    """
+
+    replays_epoch_start = False
+
+    def __init__(self, sample: Callable[[np.random.Generator], tuple[np.ndarray, np.ndarray]], steps_per_epoch: int):
+        self.sample, self.steps_per_epoch = sample, int(steps_per_epoch)
+
+    def epoch(self, epoch: int, rng: np.random.Generator, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for _ in range(self.steps_per_epoch - start):
+            yield self.sample(rng)
+
+
+Predict = Callable[[torch.Tensor], torch.Tensor]  # LongTensor [B, T] -> argmax predictions [B, T] (int64, CPU)
+
+
+@dataclass
+class Prepared:
+    """A setting ready to train: its batch stream, its evaluation and an optional model wrapper.
+
+    ``evaluate(predict)`` gets ``predict(LongTensor [B, T]) -> LongTensor [B, T]``, the model's
+    argmax tokens (computed on the model's device, returned on the CPU), and returns a dict
+    with at least ``"score"`` (the selection metric, in [0, 1]),
+    plus optional ``"curves"``: ``{name: {"x": [...], "y": [...]}}``.
+    """
+
+    train: ArrayStream | SampledStream
+    evaluate: Callable[[Predict], dict]
+    wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None
+    total_steps: int | None = None  # cap below epochs x steps_per_epoch (step-budget tasks)
+    info: dict = field(default_factory=dict)
+
+
+
+# ---------------------------------------------------------------------------------------
+# Metrics
+
+
+def _valid(targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    valid = targets != ignore_index
+    if not bool(valid.any()):
+        raise ValueError("no target positions to score: every target equals ignore_index")
+    return valid
+
+
+def masked_accuracy(preds: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE) -> float:
+    """Fraction of non-ignored positions where ``preds == targets`` (micro average)."""
+    if preds.shape != targets.shape:
+        raise ValueError(f"preds and targets must have one shape, got {tuple(preds.shape)} and {tuple(targets.shape)}")
+    valid = _valid(targets, ignore_index)
+    return float((preds[valid] == targets[valid]).double().mean())
+
+
+class ClassCounts:
+    """Per-class true positives, false positives and false negatives, accumulated over batches."""
+
+    def __init__(self, num_classes: int):
+        self.num_classes = int(num_classes)
+        self.tp = torch.zeros(num_classes, dtype=torch.float64)
+        self.fp = torch.zeros(num_classes, dtype=torch.float64)
+        self.fn = torch.zeros(num_classes, dtype=torch.float64)
+
+    def update(self, preds: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE) -> None:
+        valid = targets != ignore_index
+        p, t = preds[valid].long(), targets[valid].long()
+        if p.numel() and (int(p.min()) < 0 or int(p.max()) >= self.num_classes or int(t.min()) < 0 or int(t.max()) >= self.num_classes):
+            raise ValueError(f"class ids must lie in [0, {self.num_classes})")
+        hit = p == t
+        ones = torch.ones_like(p, dtype=torch.float64)
+        self.tp += torch.bincount(t[hit], minlength=self.num_classes).double()
+        self.fn += torch.zeros(self.num_classes, dtype=torch.float64).index_add_(0, t[~hit], ones[~hit])
+        self.fp += torch.zeros(self.num_classes, dtype=torch.float64).index_add_(0, p[~hit], ones[~hit])
+
+    def macro(self) -> float:
+        """torchmetrics' ``MulticlassAccuracy(average="macro")``: the mean over classes of
+        ``tp / (tp + fn)``, counting every class that occurs as a target *or a prediction*
+        (a class only ever predicted wrongly scores 0); classes never seen are left out."""
+        seen = (self.tp + self.fp + self.fn) > 0
+        if not bool(seen.any()):
+            raise ValueError("no target positions to score: every target equals ignore_index")
+        support = self.tp + self.fn
+        recall = torch.where(support > 0, self.tp / support.clamp(min=1), torch.zeros_like(support))
+        return float(recall[seen].mean())
+
+    def micro(self) -> float:
+        total = float((self.tp + self.fn).sum())
+        if total == 0:
+            raise ValueError("no target positions to score: every target equals ignore_index")
+        return float(self.tp.sum()) / total
+
+
+def macro_accuracy(preds: torch.Tensor, targets: torch.Tensor, num_classes: int, ignore_index: int = IGNORE) -> float:
+    """MAD's accuracy (torchmetrics macro average over classes; see :meth:`ClassCounts.macro`)."""
+    counts = ClassCounts(num_classes)
+    counts.update(preds, targets, ignore_index)
+    return counts.macro()

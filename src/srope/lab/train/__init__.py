@@ -1,0 +1,19 @@
+"""Language-model pre-training: data (sources, tokenizer, packing, order), the trainer, the
+learning-rate sweep. Attributes import their module on first use (``srope --help`` stays fast)."""
+
+from srope._lazy import lazy_exports
+
+_EXPORTS = {
+    **{name: "srope.lab.train.corpus" for name in ("ChecksumError", "Document", "TextSource", "cache_dir", "prepare_shakespeare", "resolve_source")},
+    **{
+        name: "srope.lab.train.data"
+        for name in (
+            "IGNORE_INDEX", "Batch", "Corpus", "PackedBatches", "TokenStore", "eval_batches", "flatten_packed", "load_corpus",
+            "make_batch", "open_store", "prepare_corpus",
+        )
+    },
+    **{name: "srope.lab.train.tokenizer" for name in ("MISTRAL_V1", "load_tokenizer", "prepare_mistral_tokenizer", "sentencepiece_to_hf")},
+}  # fmt: skip
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
+
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,570 @@
+"""Language-model pre-training, top to bottom.
+
+``srope train --preset gla-tiny --data shakespeare --max-steps 50 --out DIR`` (also under
+``torchrun --nproc-per-node K -m srope train ...``). One step: the learning rate for this
+step (warm-up + cosine, a function of the step alone), this rank's share of the global
+batch split into micro-batches, the summed token loss of each divided by the global number
+of targets (so the result is the same for any world size or micro-batch size), gradient
+clipping, a NaN/inf guard, AdamW, metrics; a checkpoint every ``checkpoint_every`` steps
+and at the end. ``--resume`` continues from ``DIR``'s latest checkpoint bitwise exactly.
+
+A planned stop writes a checkpoint first: ``stop_after`` (``--stop-after K``) and SIGTERM or
+SIGINT (preemption, Ctrl-C), which end the run after the step in progress. A run killed
+without warning (SIGKILL) resumes from the last complete checkpoint. Settings, model options
+and the data source are checked before the run folder is made, so a failed start leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import shutil
+import signal
+import time
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from srope.lab import provenance
+from srope.models import PRESETS, SRopeForCausalLM, preset_config
+from srope.models.configuration import position_class
+from srope.lab.overrides import coerce, parse_literal
+from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from srope.lab.train.data import PackedBatches, eval_batches, load_corpus
+from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
+from srope.lab.train.graphed import GraphCaptureError, StepGraph
+from srope.lab.train.optim import build_optimizer, warmup_cosine
+from srope.lab.train.stops import StopRequested, StopSignals
+
+# Settings a resumed run may change (they do not affect the numbers computed).
+RESUME_MAY_CHANGE = {"checkpoint_every", "log_every", "eval_every", "tensorboard", "device", "cache", "cuda_graph"}
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on. ``None`` sizes come from the preset's training defaults."""
+
+    preset: str = "gla-tiny"
+    position: Any = "selective_rope"  # a type name or {"type": ..., options}
+    model: dict = field(default_factory=dict)  # SRopeConfig overrides
+    data: str = "shakespeare"
+    cache: str | None = None  # data cache folder (default $SROPE_CACHE or ~/.cache/srope)
+    val_fraction: float | None = None  # held-out documents of a local or hf source (default 0.01; fixed for shakespeare)
+    tokenizer: str = "mistral-v1"  # or a local Hugging Face tokenizer folder
+    max_steps: int = 100
+    seq_len: int | None = None
+    global_batch_size: int | None = None  # sequences per optimiser step
+    micro_batch_size: int | None = None  # sequences per forward on one rank (default: all of its share)
+    lr: float | None = None  # peak
+    lr_start: float = 1e-5
+    lr_end: float = 1e-4
+    warmup: float = 0.1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    packing: str = "concat"  # "concat" (the paper) or "documents" (cu_seqlens per document)
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"  # autocast dtype: "auto" = bfloat16 on CUDA, float32 on the CPU
+    compile: bool = False
+    cuda_graph: str = "auto"  # capture the step (compiled or not) as a CUDA graph: "auto" (CUDA, concat packing, not FSDP2), "on", "off"
+    parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2) when torchrun starts several processes
+    fsdp_param_dtype: str = "auto"  # FSDP2 gathers parameters in: "auto" = the autocast dtype, "float32"
+    checkpoint_every: int = 100
+    eval_every: int = 0  # 0: only at the end
+    eval_rows: int = 64
+    log_every: int = 1
+    tensorboard: bool = True
+
+    def resolved(self) -> "TrainConfig":
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; expected one of {sorted(PRESETS)}")
+        defaults = PRESETS[self.preset].training
+        out = dataclasses.replace(
+            self,
+            seq_len=self.seq_len or defaults.context_length,
+            global_batch_size=self.global_batch_size or defaults.global_batch_size,
+            lr=self.lr if self.lr is not None else defaults.learning_rate,
+        )
+        for name in ("max_steps", "seq_len", "global_batch_size", "checkpoint_every", "log_every", "eval_rows"):
+            if not isinstance(getattr(out, name), int) or getattr(out, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(out, name)!r}")
+        if not (isinstance(out.grad_clip, (int, float)) and out.grad_clip >= 0):
+            raise ValueError(f"grad_clip must be >= 0 (0: no clipping), got {out.grad_clip!r}")
+        if out.packing not in ("concat", "documents"):
+            raise ValueError(f"packing must be 'concat' or 'documents', got {out.packing!r}")
+        if out.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {out.dtype!r}")
+        if out.val_fraction is not None and not (isinstance(out.val_fraction, float) and 0 < out.val_fraction < 1):
+            raise ValueError(f"val_fraction must be a number in (0, 1), got {out.val_fraction!r}")
+        if out.fsdp_param_dtype not in ("auto", "float32"):
+            raise ValueError(f"fsdp_param_dtype must be 'auto' (the autocast dtype) or 'float32', got {out.fsdp_param_dtype!r}")
+        if out.cuda_graph not in ("auto", "on", "off"):
+            raise ValueError(f"cuda_graph must be 'auto', 'on' or 'off', got {out.cuda_graph!r}")
+        if out.micro_batch_size is not None and (not isinstance(out.micro_batch_size, int) or out.micro_batch_size < 1):
+            raise ValueError(f"micro_batch_size must be a positive integer, got {out.micro_batch_size!r}")
+        return out
+
+    def model_config(self, vocab_size: int):
+        """The run's ``SRopeConfig`` (a bad model or position option raises here)."""
+        return preset_config(self.preset, position=self.position, **{"vocab_size": vocab_size, **self.model})
+
+
+def apply_overrides(config: TrainConfig, pairs: list[str]) -> TrainConfig:
+    """``key=value`` overrides: a TrainConfig field, ``model.FIELD`` (SRopeConfig) or
+    ``position.OPTION``. Each value is converted to the field's type (``lr=fast`` is an
+    error here, not inside the optimiser); ``model=`` and ``position=`` take JSON."""
+    hints = typing.get_type_hints(TrainConfig)
+    updates, model, position = {}, dict(config.model), None
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--set takes key=value, got {pair!r}")
+        key, raw = pair.split("=", 1)
+        if key == "model":
+            value = parse_literal(raw)
+            if not isinstance(value, dict):
+                raise ValueError(f"--set model=... takes a JSON object of SRopeConfig fields, got {raw!r}")
+            model.update({name: _model_value(name, v) for name, v in value.items()})
+        elif key.startswith("model."):
+            model[key[6:]] = _model_value(key[6:], raw)
+        elif key == "position":
+            position = parse_literal(raw)
+            position = dict(position) if isinstance(position, dict) else {"type": position}
+        elif key.startswith("position."):
+            position = position or ({"type": config.position} if isinstance(config.position, str) else dict(config.position))
+            position[key[9:]] = parse_literal(raw)
+        elif key in hints and key != "model":
+            updates[key] = coerce(raw, hints[key], key)
+        else:
+            raise ValueError(f"unknown setting {key!r}; expected a TrainConfig field {sorted(hints)}, model.FIELD or position.OPTION")
+    if position is not None:
+        updates["position"] = _position_values(position)
+    return dataclasses.replace(config, **updates, model=model)
+
+
+def _model_value(name: str, value):
+    from srope.models import SRopeConfig
+
+    hints = typing.get_type_hints(SRopeConfig.__init__)
+    if name not in hints or name in ("kwargs", "position", "return"):
+        known = sorted(set(hints) - {"kwargs", "position", "return"})
+        raise ValueError(f"unknown model setting 'model.{name}'; SRopeConfig fields: {known} (positions: position.OPTION)")
+    return coerce(value, hints[name], f"model.{name}")
+
+
+def _position_values(position: dict) -> dict:
+    """The position spec with each option converted to the type its module annotates."""
+    cls = position_class(position.get("type"))
+    hints = typing.get_type_hints(cls.__init__)
+    return {key: value if key == "type" or key not in hints else coerce(value, hints[key], f"position.{key}") for key, value in position.items()}
+
+
+def token_loss_sum(model, batch, device, autocast) -> torch.Tensor:
+    """Summed cross-entropy over the batch's targets (labels are already shifted)."""
+    if batch.packing == "documents":
+        input_ids, labels, cu_seqlens = batch.packed()
+        cu_seqlens = cu_seqlens.to(device)
+    else:
+        input_ids, labels, cu_seqlens = batch.input_ids, batch.labels, None
+    return summed_loss(model, input_ids.to(device), labels.to(device), cu_seqlens, autocast)
+
+
+def summed_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None, autocast) -> torch.Tensor:
+    """Summed cross-entropy of ``labels`` (already shifted; IGNORE_INDEX skipped) on device
+    tensors: the model's own summed loss (fused on CUDA: the logits are never materialised)."""
+    with autocast:
+        return model(input_ids, cu_seqlens=cu_seqlens, use_cache=False, targets=labels).loss
+
+
+@torch.no_grad()
+def evaluate(model, store, config: TrainConfig, world: World, autocast, seq_len: int | None = None) -> dict:
+    """Held-out mean token loss and perplexity over ``eval_rows`` rows."""
+    model.eval()
+    total, count = world.sum(0.0), world.sum(0.0)
+    for batch in eval_batches(store, seq_len or config.seq_len, config.micro_batch_size or 8, rank=world.rank, world_size=world.size, packing=config.packing, max_rows=config.eval_rows):
+        total += token_loss_sum(model, batch, world.device, autocast).double()
+        count += batch.num_targets
+    model.train()
+    total, count = world.sum(total), world.sum(count)
+    loss = float(total / count)
+    return {"val_loss": loss, "val_ppl": math.exp(loss) if loss < 700 else float("inf")}
+
+
+class MetricsLog:
+    """``metrics.jsonl`` (one JSON object per step) and TensorBoard, on rank 0."""
+
+    def __init__(self, out: Path, world: World, tensorboard: bool, resume_step: int):
+        self.path, self.enabled, self.writer = out / "metrics.jsonl", world.is_main, None
+        if not self.enabled:
+            return
+        if self.path.exists():  # drop the steps a resume will redo
+            kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line).get("step", -1) <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(out / "tensorboard"))
+            except ImportError:
+                tqdm.write("tensorboard is not installed: metrics go to metrics.jsonl only (pip install 'srope[lm]')")
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def train(config: TrainConfig, out: str | Path, *, resume: bool = False, stop_after: int | None = None, verbose: bool = False) -> dict:
+    """Run (or resume) a training run into ``out``; returns the final metrics (with the
+    seconds spent per phase under ``time_s``). ``verbose`` prints what the run reads and writes.
+
+    A SIGINT or SIGTERM during the run ends it after the step in progress with a checkpoint
+    and raises :class:`StopRequested`; ``stop_after`` ends it after that step the same way.
+    """
+    config = config.resolved()
+    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1):
+        raise ValueError(f"stop_after must be a positive integer, got {stop_after!r}")
+    out = Path(out)
+    if resume and latest_checkpoint(out) is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+    if not resume and latest_checkpoint(out) is not None:
+        raise FileExistsError(f"{out} already holds checkpoints: pass --resume to continue, or choose another --out")
+    with torch.device("meta"):  # every model and position option checked before anything is read or written
+        SRopeForCausalLM(config.model_config(vocab_size=config.model.get("vocab_size", 32000)))
+    world = init_world(config.device)
+    created = world.is_main and not out.exists()
+    progress = {"steps": 0}
+    try:
+        return _train(config, out, world, resume, stop_after, verbose, progress)
+    except BaseException:
+        if created and progress["steps"] == 0 and latest_checkpoint(out) is None:
+            shutil.rmtree(out, ignore_errors=True)  # a failed start leaves no run folder behind
+        raise
+    finally:
+        close_world(world)
+
+
+class _Phases:
+    """Wall seconds per phase of a run (data, model, steps, eval, checkpoint, export)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
+
+    def rounded(self) -> dict[str, float]:
+        return {name: round(value, 3) for name, value in self.seconds.items()}
+
+
+def _eager_step(model, optimizer, params, parts, lr: float, targets: torch.Tensor, world: World, autocast, grad_clip: float, flat: FlatGradients | None):
+    """Forward and backward of every micro-batch, then clipping; returns the summed token
+    loss of this rank and the gradient norm (the caller checks both, then steps). With
+    ``flat`` (DDP without its wrapper) the ranks' gradients are averaged here."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss_sum = torch.zeros((), dtype=torch.float64, device=world.device)
+    if flat is not None:
+        flat.attach()
+    for i, part in enumerate(parts):
+        sync = i == len(parts) - 1 or not hasattr(model, "no_sync")
+        with model.no_sync() if not sync else contextlib.nullcontext():
+            part_loss = token_loss_sum(model, part, world.device, autocast)
+            # DDP averages gradients over ranks; scale so the result is the global token mean.
+            (part_loss * (world.size / targets.to(part_loss.dtype))).backward()
+        loss_sum += part_loss.detach().double()
+    if flat is not None:
+        flat.average(world)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip or float("inf"))
+    return loss_sum, grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2: a DTensor
+
+
+def _check_finite(loss: float, grad_norm: float, step: int, out: Path) -> None:
+    for name, value in (("loss", loss), ("grad_norm", grad_norm)):
+        if not math.isfinite(value):
+            raise FloatingPointError(f"non-finite {name} ({value}) at step {step + 1}; the last checkpoint is {latest_checkpoint(out)}")
+
+
+def _check_data(corpus, config: TrainConfig, world: World) -> None:
+    """Enough tokens for one global batch and one held-out row, or an error that says how many."""
+    need_train = config.global_batch_size * config.seq_len + 1
+    need_val = world.size * config.seq_len + 1
+    hints = "use more text, fewer/shorter rows (--set global_batch_size=..., --set seq_len=...)"
+    if corpus.train.num_tokens < need_train:
+        raise ValueError(
+            f"too little training data: {corpus.train.num_tokens:,} tokens in the train split of {config.data!r}, and one step "
+            f"needs {need_train:,} (global_batch_size {config.global_batch_size} x seq_len {config.seq_len} + 1); {hints}"
+        )
+    if corpus.val.num_tokens < need_val:
+        raise ValueError(
+            f"too little held-out data: {corpus.val.num_tokens:,} tokens in the val split of {config.data!r} "
+            f"({corpus.val.num_documents} documents), and evaluation needs {need_val:,} (seq_len {config.seq_len} + 1"
+            f"{f' per process x {world.size}' if world.size > 1 else ''}); {hints}, or hold out more documents (--val-fraction)"
+        )
+
+
+def _use_cuda_graph(config: TrainConfig, world: World) -> bool:
+    """Whether the step runs as a CUDA graph (see :mod:`srope.lab.train.graphed`)."""
+    reasons = [
+        reason
+        for reason, applies in (
+            (f"the device is {world.device.type}, not CUDA", world.device.type != "cuda"),
+            ("FSDP2 gathers and frees the parameters inside the step", world.size > 1 and config.parallel == "fsdp"),
+            ("packing='documents' changes the shapes from step to step", config.packing != "concat"),
+        )
+        if applies
+    ]
+    if config.cuda_graph == "on" and reasons:
+        raise ValueError(f"cuda_graph='on' cannot run here: {'; '.join(reasons)}")
+    return config.cuda_graph != "off" and not reasons
+
+
+def _describe(corpus, config: TrainConfig, model, autocast_dtype, world: World, out: Path) -> list[str]:
+    bare = unwrap(model)
+    mc = bare.config
+    params = sum(p.numel() for p in bare.parameters())
+    rows = (corpus.train.num_tokens - 1) // config.seq_len
+    epochs = config.max_steps * config.global_batch_size / max(rows, 1)
+    precision = f"float32 weights, {'bfloat16 autocast' if autocast_dtype is not None else 'float32'}"
+    graphed = _use_cuda_graph(config, world)
+    parallel = ""
+    if world.size > 1:
+        gathered = "bfloat16" if config.fsdp_param_dtype == "auto" and autocast_dtype is not None else "float32"
+        parallel = {"ddp": ", DDP" + (" (one all-reduce of the flat gradients in the graph)" if graphed else ""),
+                    "fsdp": f", FSDP2 (parameters gathered in {gathered}, gradients reduced in float32)"}[config.parallel]  # fmt: skip
+    return [
+        f"data   {config.data}: train {corpus.train.num_tokens:,} tokens in {corpus.train.num_documents:,} documents, "
+        f"val {corpus.val.num_tokens:,} tokens in {corpus.val.num_documents:,} (token store {corpus.path})",
+        f"       {config.max_steps} steps x {config.global_batch_size} rows of {config.seq_len} tokens = {epochs:.2f} epochs",
+        f"model  {config.preset}, {mc.mixer} + {mc.position['type']}: {params / 1e6:.2f}M parameters, {mc.num_hidden_layers} layers, "
+        f"hidden {mc.hidden_size}; {world.device}{f' x {world.size} processes' if world.size > 1 else ''}, {precision}"
+        f"{parallel}{', torch.compile' if config.compile else ''}{', the step as a CUDA graph' if graphed else ''}",
+        f"out    {out}: checkpoints/ every {config.checkpoint_every} steps, metrics.jsonl"
+        f"{', tensorboard/' if config.tensorboard else ''}, model/ at the end",
+    ]
+
+
+def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_after: int | None, verbose: bool, progress: dict) -> dict:
+    say = tqdm.write if verbose and world.is_main else (lambda text: None)
+    phases = _Phases()
+    local_batch, rem = divmod(config.global_batch_size, world.size)
+    if rem:
+        raise ValueError(f"global_batch_size {config.global_batch_size} must be a multiple of the {world.size} processes")
+    micro = config.micro_batch_size or local_batch
+    if local_batch % micro:
+        raise ValueError(f"micro_batch_size {micro} must divide each process's share of {local_batch} sequences")
+
+    # Data: rank 0 prepares (downloads, tokenises) once; the others then open the cache.
+    with phases("data"):
+        if world.is_main:
+            corpus = load_corpus(config.data, config.tokenizer, cache=config.cache, val_fraction=config.val_fraction)
+        world.barrier()
+        if not world.is_main:
+            corpus = load_corpus(config.data, config.tokenizer, cache=config.cache, val_fraction=config.val_fraction, download=False)
+        _check_data(corpus, config, world)
+        loader = PackedBatches(corpus.train, config.seq_len, config.global_batch_size, rank=world.rank, world_size=world.size, seed=config.seed, packing=config.packing)
+
+    autocast_dtype = torch.bfloat16 if config.dtype == "bfloat16" or (config.dtype == "auto" and world.device.type == "cuda") else None
+    # no weight-cast cache: the same casts either way, and a CUDA graph capture needs none
+    autocast = torch.autocast(world.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None, cache_enabled=False)
+    graphed = _use_cuda_graph(config, world)
+    # DDP's hooks cannot be captured: a captured step averages flat gradients itself
+    flat_gradients = graphed and world.distributed and config.parallel == "ddp"
+
+    # Model: the same seed on every rank gives identical initial weights.
+    with phases("model"):
+        torch.manual_seed(config.seed)
+        model = SRopeForCausalLM(config.model_config(corpus.vocab_size)).to(world.device)
+        param_dtype = autocast_dtype if config.fsdp_param_dtype == "auto" else None
+        model = wrap_model(model, world, config.parallel, flat_gradients=flat_gradients, param_dtype=param_dtype)
+        if config.compile:
+            model = torch.compile(model)
+        optimizer = build_optimizer(unwrap(model), lr=config.lr, weight_decay=config.weight_decay, betas=(config.beta1, config.beta2), eps=config.eps)
+
+    start = 0
+    if resume:
+        latest = latest_checkpoint(out)
+        with phases("checkpoint"):
+            state = load_checkpoint(latest, model, optimizer, world)
+        changed = {k: (v, asdict(config)[k]) for k, v in state["config"].items() if k not in RESUME_MAY_CHANGE and asdict(config).get(k) != v}
+        if changed:
+            raise ValueError(f"--resume: settings differ from the run's: {changed} (started with, now); resume with the same settings")
+        loader.load_state_dict(state["data"])
+        start = state["step"]
+    for line in _describe(corpus, config, model, autocast_dtype, world, out):
+        say(line)
+    if resume:
+        say(f"resume from {latest} (step {start})")
+    if world.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "train_config.json").write_text(json.dumps(asdict(config), indent=2))
+    log = MetricsLog(out, world, config.tensorboard, start)
+    params = [p for p in model.parameters() if p.requires_grad]
+    flat = FlatGradients(params) if flat_gradients else None
+    last = config.max_steps if stop_after is None else min(stop_after, config.max_steps)
+    metrics: dict = {}
+    saved_at = start
+    step_graph = None
+
+    def checkpoint(step: int) -> float:
+        nonlocal saved_at
+        began = time.perf_counter()
+        with phases("checkpoint"):
+            save_checkpoint(out, step, model, optimizer, {"config": asdict(config), "data": loader.state_dict()}, world)
+        saved_at = step
+        return time.perf_counter() - began
+
+    model.train()
+    with StopSignals(say) as stop, tqdm(total=config.max_steps, initial=start, disable=not (verbose and world.is_main), unit="step", dynamic_ncols=True) as bar:
+        for step in range(start, last):
+            began = time.perf_counter()
+            lr = warmup_cosine(step, total=config.max_steps, peak=config.lr, start=config.lr_start, end=config.lr_end, warmup=config.warmup)
+            batch = next(loader)
+            targets = world.sum(batch.num_targets)
+            parts = batch.split(micro)
+            result = None
+            if graphed:
+                if step_graph is None:
+                    step_graph = StepGraph(
+                        model, optimizer, params, loss_sum=lambda ids, labels: summed_loss(model, ids, labels, None, autocast),
+                        parts=len(parts), micro=micro, seq_len=config.seq_len, grad_clip=config.grad_clip, targets=batch.num_targets,
+                        world=world, flat_gradients=flat, global_targets=int(targets),
+                    )  # fmt: skip
+                try:
+                    result = step_graph.step(parts, lr)
+                except GraphCaptureError as error:
+                    if config.cuda_graph == "on":
+                        raise
+                    graphed = False
+                    tqdm.write(f"warning: {error}; training on without a CUDA graph (--set cuda_graph=off skips the attempt)")
+            if result is None:
+                result = _eager_step(model, optimizer, params, parts, lr, targets, world, autocast, config.grad_clip, flat)
+            loss_sum, grad_norm = result
+            loss = float(world.sum(loss_sum) / targets)
+            _check_finite(loss, float(grad_norm), step, out)
+            if not graphed:  # the graph applies the update itself, before the check
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            elapsed = time.perf_counter() - began
+            phases.seconds["steps"] = phases.seconds.get("steps", 0.0) + elapsed
+            progress["steps"] += 1
+            done = step + 1
+            metrics = {"step": done, "loss": loss, "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": float(targets) / elapsed, "step_s": elapsed}
+            if world.device.type == "cuda":
+                metrics["peak_gib"] = torch.cuda.max_memory_allocated(world.device) / 2**30
+            if (config.eval_every and done % config.eval_every == 0) or done == config.max_steps:
+                began = time.perf_counter()
+                with phases("eval"):
+                    metrics |= evaluate(model, corpus.val, config, world, autocast)
+                metrics["eval_s"] = time.perf_counter() - began
+            if done % config.checkpoint_every == 0 or done == config.max_steps:
+                metrics["checkpoint_s"] = checkpoint(done)
+            if done % config.log_every == 0 or "val_loss" in metrics:
+                log.write(metrics)
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+            bar.update(1)
+            requested = stop.signum is not None
+            if world.distributed:
+                requested = bool(world.sum(float(requested)) > 0)  # every rank stops at the same step
+            if requested and done < config.max_steps:
+                if saved_at != done:
+                    checkpoint(done)
+                log.close()
+                signum = stop.signum or signal.SIGTERM
+                message = f"stopped by {signal.Signals(signum).name} after step {done}: checkpoint {latest_checkpoint(out)}; continue with --resume"
+                say(message)
+                raise StopRequested(signum, message)
+    if last < config.max_steps:
+        if saved_at != last:
+            checkpoint(last)
+        say(f"stopped after step {last} (--stop-after): checkpoint {latest_checkpoint(out)}; continue with --resume")
+    log.close()
+    if last == config.max_steps:
+        with phases("export"):
+            export_model(model, corpus, out / "model", world)
+        say(f"model  {out / 'model'} (load: import srope.models; AutoModelForCausalLM.from_pretrained(...))")
+    say(f"logs   {out / 'metrics.jsonl'}, {out / 'run.json'} (provenance)" + (f"; tensorboard --logdir {out / 'tensorboard'}" if config.tensorboard else ""))
+    steps = phases.seconds.get("steps", 0.0)
+    run = last - start
+    say("time   " + ", ".join(
+        f"{name} {value:.1f} s" + (f" ({run} steps, {steps / run:.2f} s/step)" if name == "steps" and run else "")
+        for name, value in phases.seconds.items()
+    ))  # fmt: skip
+    metrics["time_s"] = phases.rounded()
+    if world.is_main:
+        summary = {
+            "provenance": provenance.record(seeds=[config.seed], device=str(world.device), world_size=world.size, wall_s=round(sum(phases.seconds.values()), 3)),
+            "complete": last == config.max_steps, "steps_run": [start, last], "config": asdict(config), "metrics": metrics,
+        }  # fmt: skip
+        (out / "run.json").write_text(json.dumps(summary, indent=2))
+    return metrics
+
+
+def export_model(model, corpus, path: Path, world: World) -> None:
+    """``save_pretrained`` the final weights, config and tokenizer (loadable with
+    ``AutoModelForCausalLM.from_pretrained`` after ``import srope``)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if world.is_main:
+        bare = unwrap(model)
+        tokenizer = generation_tokenizer(corpus.path / "tokenizer")
+        bare.generation_config.pad_token_id = tokenizer.pad_token_id
+        bare.save_pretrained(path, state_dict=state)
+        tokenizer.save_pretrained(path)
+        (path / "README.md").write_text(MODEL_CARD)
+    world.barrier()
+
+
+# transformers knows model_type "srope" only once srope.models is imported; without it, it
+# suggests upgrading transformers. The folder says so itself.
+MODEL_CARD = """# An srope model
+
+Trained with `srope train`. Load it after importing `srope.models`, which registers the
+`srope` model type with transformers:
+
+```python
+import srope.models
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("THIS_FOLDER")
+tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")  # pads with eos, on the left
+```
+"""
+
+
+def generation_tokenizer(folder: Path):
+    """The tokenizer saved in ``folder`` as batched generation needs it: a pad token (eos when
+    it has none; the attention mask hides padding) and padding on the left, where a causal
+    model ignores it (``padding_side`` is saved only when given at load time)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, padding_side="left")
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("the tokenizer has neither a pad nor an eos token to pad batches with")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

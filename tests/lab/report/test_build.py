@@ -1,0 +1,206 @@
+"""``srope report`` on a hand-made results folder: the paper beside ours, budget shares,
+provenance marks, verdicts and plots."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from srope.lab import provenance
+from srope.lab.report.build import share
+from srope.lab.report.cli import add_report_arguments
+
+from .conftest import FIRST_COMMIT
+
+
+def _row(text: str, label: str) -> str:
+    """The first table row of ``label`` (the LM page lists a variant in several tables)."""
+    lines = [line for line in text.splitlines() if line.startswith(f"| {label} |")]
+    assert lines, (label, text)
+    return lines[0]
+
+
+def _page(written, name: str) -> str:
+    return (written["out"] / f"{name}.md").read_text()
+
+
+def test_copying_rows_put_the_paper_beside_ours_with_budget_and_provenance(written):
+    text = _page(written, "copying")
+    nope = _row(text, "gla/nope")
+    assert "6.0 ± 1.4" in nope  # string accuracy beyond length 64: mean ± sd over the two seeds, in %
+    assert "2 (0, 1)" in nope  # seeds
+    assert "no numbers; claim: below Selective RoPE" in nope  # Fig. 5 has no values: its claim stands beside ours
+    assert "steps 1,000 (paper 5,000)" in nope  # protocol difference
+    assert "| 20% |" in nope  # 1,000 x 256 of the paper's 5,000 x 256 training contexts
+    assert head_short() in nope and "stale" not in nope
+    assert "Verdict: **reproduced**" in text  # Selective RoPE 85% beyond the training length, the others near 0
+
+
+def head_short() -> str:
+    head = provenance._git("rev-parse", "HEAD")
+    if head is None:
+        pytest.skip("not a git checkout")
+    return head[:7]
+
+
+def test_a_result_from_before_the_last_model_code_change_is_marked_stale(written):
+    if provenance.last_change() is None:
+        pytest.skip("not a git checkout")
+    assert provenance.is_stale(FIRST_COMMIT) is True
+    text = _page(written, "copying")
+    rope = _row(text, "gla/rope†")  # a sweep resumed at HEAD after a first call at an old commit
+    assert rope.endswith(f"| {FIRST_COMMIT[:7]} stale†, {head_short()} |")
+    assert "† stale: the model or op code" in text
+
+
+def test_a_result_without_provenance_is_marked_unknown(written):
+    text = _page(written, "copying")
+    assert "unknown‡" in _row(text, "gla/selective_rope‡")
+    assert "‡ provenance unknown" in text
+    demo = _page(written, "state_tracking")
+    assert "unknown‡" in _row(demo, "demo Selective RoPE‡")
+    lm = _page(written, "lm")
+    assert "unknown‡" in _row(lm, "RoPE‡").split("|")[-2]  # its run.json has no provenance
+    index = (written["out"] / "index.md").read_text()
+    assert "| stale† | unknown‡ |" in index
+
+
+def test_mad_cells_hold_ours_and_table_1(written):
+    text = _page(written, "mad")
+    rope = _row(text, "gla/rope")
+    assert "80.0 [1] (85.2)" in rope and "90.0 [1] (92.6)" in rope  # compression, in-context recall: ours [settings] (paper)
+    assert "85.0 (72.5)" in rope  # the average over the two tasks run, beside Table 1's
+    assert "2/66" in rope
+    assert "not comparable" in text and "2/66 settings" in text  # the paper averages all 66
+
+
+def test_state_tracking_mqar_and_lm_verdicts(written):
+    verdicts = written["verdicts"]
+    gla = [v for v in verdicts["state_tracking"] if v[0].endswith("1-layer GLA")]
+    assert sorted(status for _, _, status, _ in gla) == ["reproduced", "reproduced"]  # the synth runs and the demo
+    assert ("State tracking: A3, 2-layer DeltaNet", "", "not comparable", "not run") in verdicts["state_tracking"]
+    assert [v[2] for v in verdicts["mqar"]] == ["reproduced"]
+    mqar = _page(written, "mqar")
+    assert "| d=64 | d=128 |" in mqar and "75.0 |" in _row(mqar, "gla/selective_rope")
+    lm = dict((panel, status) for panel, _, status, _ in verdicts["lm"])
+    assert lm["Language modelling: GLA 370M / 10B tokens"] == "reproduced"  # Selective RoPE has the best zero-shot average, as in Table 3
+    assert lm["Language modelling: Selective RoPE ablation (GLA 370M, 10B tokens)"] == "not comparable"  # no ablation arms run
+    text = _page(written, "lm")
+    nope = _row(text, "NoPE‡")  # its run.json has provenance, its eval and lm-eval JSON do not
+    assert "| 80.00 | 81.00 | 90.00 | 25.72 | 15.83 | 46.8 |" in nope  # val ppl, eval ppl at 512 and 2048, then Table 3's values
+    assert nope.endswith(f"| {head_short()}, unknown‡ |")
+    assert "tokens 3.28M (paper 10B)" in nope and "0.033%" in nope
+    assert "lr 0.001 chosen from {0.001, 0.003}" in text  # only the sweep's chosen run is a row
+    assert "40.0 (43.1)" in text  # lm-eval's LAMBADA accuracy beside the paper's
+
+
+def test_plots_and_index(written):
+    names = sorted(p.name for p in written["plots"])
+    assert names == ["copying.png", "lm.png", "mad.png", "mqar.png", "state_tracking.png"]
+    for path in written["plots"]:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    index = (written["out"] / "index.md").read_text()
+    for page in ("copying.md", "mqar.md", "state_tracking.md", "mad.md", "lm.md"):
+        assert f"]({page})" in index
+    assert "Skipped 1 JSON files" in index  # theory/rff.json is no result
+
+
+def test_budget_share_format():
+    assert [share(x) for x in (1.0, 0.2, 0.002, 3.3e-4, 4.9e-5, 1e-7)] == ["100%", "20%", "0.2%", "0.033%", "0.0049%", "1.0e-05%"]
+
+
+def test_cli_parser_is_light_and_the_handler_writes(fixture_dir, tmp_path, capsys):
+    code = ("import sys, argparse\nfrom srope.lab.report.cli import add_report_arguments\n"
+            "p = argparse.ArgumentParser(prog='srope'); add_report_arguments(p.add_subparsers(dest='command'))\n"
+            "p.parse_args(['report', 'x'])\nprint(sorted(m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+    parser = argparse.ArgumentParser(prog="srope")
+    add_report_arguments(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["report", str(fixture_dir / "synthetic" / "copy-nope"), "--out", str(tmp_path / "r"), "--no-plots"])
+    assert args.func(args) == 0
+    assert "copying / " in capsys.readouterr().out
+    assert (tmp_path / "r" / "index.md").exists() and not list((tmp_path / "r").glob("*.png"))
+    with pytest.raises(FileNotFoundError):
+        args.func(parser.parse_args(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]))
+
+
+def test_lm_selection_run_chooses_and_the_seeds_at_its_lr_are_reported(tmp_path):
+    """experiments/lm_ablation.py's layout: a sweep on seed 0 chooses the lr, seeds 1-2 trained
+    at it outside the sweep are the row (test split), and the choice is noted on it."""
+    from srope.lab.report.write import write_report
+
+    from .conftest import _write, head, prov
+
+    position = {"type": "selective_rope", "conv_activation": None, "gate": None}
+    base = {"preset": "gla-370m", "position": position, "model": {"num_hidden_layers": 4}, "data": "shakespeare", "max_steps": 200,
+            "seq_len": 512, "global_batch_size": 32}
+    arm = tmp_path / "results" / "srope_baseline"
+    for lr, val in ((1e-3, 70.0), (2e-3, 75.0)):
+        _write(arm / f"sweep/lr_{lr:g}/run.json", {"config": {**base, "lr": lr, "seed": 0}, "metrics": {"val_ppl": val}, "provenance": prov(head())})
+    _write(arm / "sweep/sweep.json", {"lrs": [1e-3, 2e-3], "selection": "lowest final val_ppl", "chosen": {"dir": "lr_0.001"},
+                                      "runs": [{"lr": 1e-3, "dir": "lr_0.001"}, {"lr": 2e-3, "dir": "lr_0.002"}]})
+    for seed, val, test in ((1, 71.0, 80.0), (2, 73.0, 84.0)):
+        run = arm / f"seed{seed}"
+        _write(run / "run.json", {"config": {**base, "lr": 1e-3, "seed": seed}, "metrics": {"val_ppl": val}, "provenance": prov(head())})
+        _write(run / "eval-test.json", {"model": str(run / "model"), "data": {"split": "test"}, "train_seq_len": 512,
+                                         "contexts": [{"seq_len": 512, "ppl": test}], "provenance": prov(head())})
+    out = tmp_path / "report"
+    write_report([tmp_path / "results"], out)
+    text = (out / "lm.md").read_text()
+    row = _row(text, "Selective RoPE (baseline)")
+    assert "| 72.00 ± 1.41 | 82.00 ± 2.83 |" in row  # val and test ppl over seeds 1 and 2, not the selection run's 70
+    assert "ours: test ppl @ 512" in text
+    assert "lr 0.001 chosen from {0.001, 0.002} on seed 0 by lowest final val_ppl" in text
+    assert "chosen on the split the perplexity is reported on" not in text
+
+
+def test_a_time_limited_run_counts_the_steps_it_trained_and_says_so(tmp_path):
+    """A run ended by max_seconds: its budget is the steps it trained, its row and its verdict
+    say so, and a smaller eval set than the presets' is named."""
+    from srope.lab.report.write import write_report
+
+    from .conftest import _write, head, run, synth
+
+    cfg = {"group": "S2", "train_len": 128, "eval_len": 512, "train_size": 2_000_000, "eval_size": 16_384, "epochs": 100, "batch_size": 4096,
+           "lrs": [1e-3], "mixer": "attention", "model": {"hidden_size": 384, "num_hidden_layers": 1, "num_heads": 12}}
+    settings = [{"name": "S2", "params": {}, "max_len": 129}]
+    for position, steps in (("nope", 2_000), ("rope", 1_900), ("selective_rope", 1_500)):
+        record = {**run("S2", 555, 0.0, {"seq_acc_at_train_len": 0.0}, planned=48_900), "steps": steps, "stopped": "time"}
+        _write(tmp_path / f"st-{position}/results.json", synth("state_tracking", position, [record], cfg, settings, head()))
+    out = tmp_path / "report"
+    write_report([tmp_path], out)
+    text = (out / "state_tracking.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| gla/selective_rope ("))
+    assert "time limit: 1,500 of 48,900 steps" in row and "eval set 16,384 sequences, not 500,000" in row
+    assert f"| {1_500 * 4096 * 128 / 25.6e9 * 100:.2g}% |" in row  # 1,500 steps x 4096 x 128 tokens of 25.6B
+    assert "runs ended by a time limit before their planned steps" in text
+
+
+def test_the_state_tracking_preset_eval_size_is_the_one_the_report_names():
+    from srope.lab.report.collect import ST_PRESET_EVAL_SIZE
+    from srope.lab.tasks.state_tracking import PRESETS
+
+    assert {PRESETS[name].eval_size for name in ("authors", "paper", "paper_a3")} == {ST_PRESET_EVAL_SIZE}
+
+
+def test_runs_that_differ_only_in_their_time_limit_share_one_protocol(tmp_path):
+    """max_seconds is a wall-clock cap, not protocol: runs that trained all their steps under
+    different caps are compared in one table (a run the cap stopped says so in its row)."""
+    from srope.lab.report.write import write_report
+
+    from .conftest import _write, copying_runs, head, synth
+
+    base = {"steps": 1000, "batch_size": 256, "min_len": 2, "max_len": 64, "eval_lengths": "2-512:30",
+            "model": {"hidden_size": 512, "num_hidden_layers": 4, "num_heads": 16}}
+    settings = [{"name": "copy", "params": {}, "max_len": 420}]
+    for position, limit, accs in (("nope", 437.0, (0.05,)), ("rope", 889.0, (0.0,)), ("selective_rope", 889.0, (0.8,))):
+        cfg = {**base, "max_seconds": limit}
+        _write(tmp_path / f"copy-{position}/results.json", synth("copying", position, copying_runs(accs), cfg, settings, head()))
+    out = tmp_path / "report"
+    write_report([tmp_path], out)
+    text = (out / "copying.md").read_text()
+    assert text.count("Verdict:") == 1 and "Verdict: **reproduced**" in text

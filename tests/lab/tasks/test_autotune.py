@@ -1,0 +1,54 @@
+"""`srope synth --autotune first`: Triton's autotuners take the first candidate that runs,
+write nothing to the autotune cache, the mode goes back to full on request, and workers and
+provenance carry it (tests/lab/tasks/test_resume.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from triton.runtime import autotuner  # noqa: E402
+
+from srope.lab.tasks import autotune  # noqa: E402
+
+
+@triton.jit
+def _kernel(x, BLOCK: triton.language.constexpr):
+    pass
+
+
+def test_first_takes_the_first_candidate_that_runs(monkeypatch):
+    monkeypatch.delenv(autotune.ENV, raising=False)
+    timed = []
+
+    def fake_bench(self, *args, config, **kwargs):  # 16 is out of resources on this "GPU"
+        timed.append(config.kwargs["BLOCK"])
+        return [math.inf] * 3 if config.kwargs["BLOCK"] == 16 else [float(config.kwargs["BLOCK"])] * 3
+
+    monkeypatch.setattr(autotuner.Autotuner, "_bench", fake_bench)
+    tuned = triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (16, 64, 32)], key=[])(_kernel)
+
+    def tuning_round():
+        timed.clear()
+        timings = {c: tuned._bench(config=c) for c in tuned.prune_configs({})}
+        return min(timings, key=timings.get).kwargs["BLOCK"]
+
+    assert autotune.apply() == "full" and tuning_round() == 32 and timed == [16, 64, 32]
+    assert autotune.apply("first") == "first" and autotune.mode() == "first"  # the mode spawned workers read
+    autotune.apply("first")  # twice: still one layer over Triton's own
+    assert tuning_round() == 64 and timed == [16, 64]  # 16 fails, 64 runs, 32 is never timed
+    assert tuning_round() == 64 and timed == [16, 64]  # every round starts again
+    calls = []
+    assert tuned.check_disk_cache(("key",), tuned.configs, lambda: calls.append(1)) is False and calls == [1]
+    assert autotune.apply("full") == "full" and tuning_round() == 32 and timed == [16, 64, 32]
+
+
+def test_bad_modes_are_refused(monkeypatch):
+    monkeypatch.setenv(autotune.ENV, "fast")
+    with pytest.raises(ValueError, match="SROPE_AUTOTUNE must be one of"):
+        autotune.apply()
+    with pytest.raises(ValueError, match="autotune must be one of"):
+        autotune.apply("all")

@@ -1,0 +1,130 @@
+"""Presets and overrides, seeded streams, the cache, and the accuracy metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from srope.lab.tasks.common import (
+    IGNORE,
+    ClassCounts,
+    apply_overrides,
+    cached_arrays,
+    default_cache_dir,
+    macro_accuracy,
+    masked_accuracy,
+    parse_lengths,
+    parse_overrides,
+    rng_for,
+)
+from srope.lab.tasks.state_tracking import PRESETS as ST_PRESETS
+
+
+def test_overrides_are_typed_and_unknown_keys_fail():
+    base = ST_PRESETS["authors"]
+    cfg = apply_overrides(base, {"lrs": "1e-3,5e-4", "seeds": "7", "epochs": "3", "stop_at": "none", "distinct": "false",
+                                 "betas": "0.9,0.95", "max_steps": "1e3", "group": "A3"})
+    assert cfg.lrs == (1e-3, 5e-4) and cfg.seeds == (7,) and cfg.epochs == 3 and cfg.stop_at is None
+    assert cfg.distinct is False and cfg.betas == (0.9, 0.95) and cfg.max_steps == 1000 and cfg.group == "A3"
+    assert base.lrs == (5e-4,) and base.group == "S2", "the preset itself must not change"
+    with pytest.raises(ValueError, match="unknown setting 'learning_rate'"):
+        apply_overrides(base, {"learning_rate": "1e-3"})
+    with pytest.raises(ValueError, match="integer"):
+        apply_overrides(base, {"epochs": "2.5"})
+    with pytest.raises(ValueError, match="boolean"):
+        apply_overrides(base, {"distinct": "maybe"})
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_overrides(["lrs"])
+    assert parse_overrides(["lrs=1e-3", " seeds = 1,2 "]) == {"lrs": "1e-3", "seeds": "1,2"}
+
+
+def test_model_and_position_overrides_reach_the_selected_encoding():
+    base = ST_PRESETS["authors"]
+    cfg = apply_overrides(base, {"model.hidden_size": "64", "model.new_key": "abc", "position.bias": "false", "position.theta": "1e4"})
+    assert cfg.model["hidden_size"] == 64 and cfg.model["new_key"] == "abc" and cfg.model["num_hidden_layers"] == 1
+    assert cfg.position["selective_rope"]["bias"] is False and cfg.position["selective_rope"]["theta"] == 1e4
+    assert cfg.position["rope"] == {"theta": 500000.0}
+    rope = apply_overrides(base, {"position_type": "rope", "position.theta": "10000"})
+    assert rope.position["rope"]["theta"] == 10000 and rope.position["selective_rope"]["bias"] is True
+    assert base.model["hidden_size"] == 384 and base.position["selective_rope"]["bias"] is True
+
+
+def test_parse_lengths():
+    assert parse_lengths("2-6") == [2, 3, 4, 5, 6]
+    assert parse_lengths("2-10:4,64,3") == [2, 3, 6, 10, 64]
+    assert parse_lengths([5, 1]) == [1, 5] and parse_lengths(7) == [7]
+    for bad in ("", "a-b", "0-3"):
+        with pytest.raises(ValueError):
+            parse_lengths(bad)
+
+
+def test_rng_streams_are_deterministic_and_distinct():
+    a = rng_for(3, "x", 5).integers(0, 1 << 30, 8)
+    assert np.array_equal(a, rng_for(3, "x", 5).integers(0, 1 << 30, 8))
+    for other in (rng_for(4, "x", 5), rng_for(3, "y", 5), rng_for(3, "x", 6)):
+        assert not np.array_equal(a, other.integers(0, 1 << 30, 8))
+
+
+def test_cache_round_trip(tmp_path, monkeypatch):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"a": np.arange(12, dtype=np.int16).reshape(3, 4)}
+
+    first = cached_arrays("unit", {"n": 3}, build, tmp_path, min_elements=1)
+    second = cached_arrays("unit", {"n": 3}, build, tmp_path, min_elements=1)
+    assert len(calls) == 1 and np.array_equal(first["a"], second["a"]) and second["a"].dtype == np.int16
+    cached_arrays("unit", {"n": 4}, build, tmp_path, min_elements=1)
+    assert len(calls) == 2, "different parameters must not hit the same file"
+    assert len(list((tmp_path / "unit").glob("*.npz"))) == 2
+    cached_arrays("small", {"n": 3}, build, tmp_path)  # below the size threshold: not written
+    assert not (tmp_path / "small").exists()
+    monkeypatch.setenv("SROPE_CACHE", str(tmp_path / "c"))
+    assert default_cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("SROPE_CACHE")
+    assert default_cache_dir().parts[-2:] == (".cache", "srope")
+
+
+def test_masked_accuracy_edge_cases():
+    preds = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    targets = torch.tensor([[1, IGNORE, 0], [IGNORE, 5, IGNORE]])
+    assert masked_accuracy(preds, targets) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="no target"):
+        masked_accuracy(preds, torch.full_like(targets, IGNORE))
+    with pytest.raises(ValueError, match="one shape"):
+        masked_accuracy(preds, targets[:, :2])
+
+
+def test_macro_accuracy_matches_a_hand_computation():
+    # targets 0,0,1,2 ; preds 0,1,1,3 ; class 3 is only predicted (wrongly), class 4 never occurs.
+    preds = torch.tensor([0, 1, 1, 3, 7])
+    targets = torch.tensor([0, 0, 1, 2, IGNORE])
+    # per-class recall: c0 1/2, c1 1/1, c2 0/1, c3 0/0 -> 0 but counted (it was predicted); c4..: left out
+    assert macro_accuracy(preds, targets, num_classes=8) == pytest.approx((0.5 + 1.0 + 0.0 + 0.0) / 4)
+    counts = ClassCounts(8)
+    counts.update(preds[:2], targets[:2])  # batches accumulate like one pass
+    counts.update(preds[2:], targets[2:])
+    assert counts.macro() == pytest.approx(0.375) and counts.micro() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="no target"):
+        ClassCounts(4).macro()
+    with pytest.raises(ValueError, match="class ids"):
+        ClassCounts(2).update(torch.tensor([5]), torch.tensor([1]))
+
+
+def test_macro_accuracy_on_random_data_against_a_loop():
+    g = torch.Generator().manual_seed(0)
+    preds = torch.randint(0, 6, (400,), generator=g)
+    targets = torch.randint(0, 5, (400,), generator=g)
+    targets[torch.rand(400, generator=g) < 0.3] = IGNORE
+    keep = targets != IGNORE
+    p, t = preds[keep].tolist(), targets[keep].tolist()
+    recalls = []
+    for c in range(6):
+        support = sum(1 for x in t if x == c)
+        predicted = sum(1 for x in p if x == c)
+        if support == 0 and predicted == 0:
+            continue
+        recalls.append(sum(1 for x, y in zip(p, t) if x == y == c) / support if support else 0.0)
+    assert macro_accuracy(preds, targets, 6) == pytest.approx(sum(recalls) / len(recalls))

@@ -1,0 +1,58 @@
+"""``srope synth report`` (srope.lab.tasks.report) on hand-made results: its tables mark every
+row's provenance, MAD rows sit beside Table 1, and the plot is written."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+from srope.lab import provenance
+from tests.lab.report.conftest import FIRST_COMMIT, copying_runs, run, synth
+
+task_report = importlib.import_module("srope.lab.tasks.report")
+
+COPY_CFG = {"steps": 10, "batch_size": 4, "min_len": 2, "max_len": 64, "eval_lengths": "2-512:30", "model": {"hidden_size": 8}}
+
+
+def _folder(tmp_path, name: str, data: dict):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(data))
+    return folder
+
+
+def _summarised(data: dict) -> dict:
+    """What the runner writes once a sweep is done (the report reads ``summary``)."""
+    from srope.lab.tasks.summary import summarize
+
+    return {**data, "summary": summarize(data["runs"])}
+
+
+def test_rows_name_their_commit_and_mark_stale_and_unknown(tmp_path):
+    head = provenance._git("rev-parse", "HEAD")
+    if head is None or provenance.last_change() is None:
+        pytest.skip("not a git checkout")
+    settings = [{"name": "copy", "params": {}, "max_len": 420}]
+    current = _folder(tmp_path, "a", _summarised(synth("copying", "nope", copying_runs((0.1,)), COPY_CFG, settings, head)))
+    stale = _folder(tmp_path, "b", _summarised(synth("copying", "rope", copying_runs((0.0,)), COPY_CFG, settings, FIRST_COMMIT)))
+    unknown = _folder(tmp_path, "c", _summarised(synth("copying", "selective_rope", copying_runs((0.5,)), COPY_CFG, settings, None)))
+    text = task_report.report([current, stale, unknown])
+    assert f"| gla/nope [{head[:7]}] |" in text
+    assert f"| gla/rope [{FIRST_COMMIT[:7]} stale†] |" in text and "† stale" in text
+    assert "| gla/selective_rope [unknown‡] |" in text and "‡ provenance unknown" in text
+    png = task_report.plot_results(json.loads((current / "results.json").read_text()), tmp_path / "copy.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mad_rows_sit_beside_table_1(tmp_path):
+    from srope.lab.tasks import mad
+
+    runs = [run("in-context-recall/baseline", 0, 0.9)]
+    settings = [{"name": "in-context-recall/baseline", "params": {}, "max_len": 128}]
+    data = _summarised(synth("mad", "rope", runs, {"model": {"hidden_size": 8}}, settings, None))
+    data["aggregate"] = mad.aggregate(data["summary"])
+    text = task_report.report([_folder(tmp_path, "mad", data)])
+    assert "| paper: GLA RoPE | 85.2 | 7.5 | 92.6 | 61.4 | 91.9 | 96.4 | 72.5 |" in text
+    assert "gla/rope [unknown‡] (1/66 settings)" in text

@@ -1,0 +1,278 @@
+"""The runner: a CPU smoke run per task family (JSON + PNG), learning, determinism, the
+stopping rules, schedules, the model interface, the report and the CLI handler."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import types
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from srope.lab.tasks import run_synthetic
+from srope.lab.tasks.cli import add_synth_arguments, run_synth_command
+from srope.lab.tasks.common import ArrayStream, Prepared, Setting, apply_overrides, check_train_config
+from srope.lab.tasks.runner import learning_rate, report, resolve_preset, train_run  # srope.lab.tasks.report is also a module's name
+from srope.lab.tasks.state_tracking import PRESETS as ST_PRESETS
+from srope.lab.cli import srope_model_factory
+from tests.lab.tasks.standin import gru_factory
+
+
+SMOKE = {
+    "state_tracking": {"group": "A3", "train_size": 64, "eval_size": 16, "train_len": 6, "eval_len": 10, "seeds": "0,1", "epochs": 2, "batch_size": 32},
+    "copying": {"steps": 3, "epochs": 3, "batch_size": 4, "context_len": 40, "max_len": 8, "eval_lengths": "2-4,12", "eval_examples": 4,
+                "autoregressive": "true", "ar_examples": 2, "ar_lengths": "3", "seeds": "0"},
+    "mqar": {"vocab": 128, "configs": "64x4", "d_models": "8,16", "train_examples": 32, "test_examples": 16, "epochs": 2, "lrs": "1e-3,3e-3"},
+    "mad": {"only": "compression/baseline,memorization/baseline,selective-copying/baseline", "max_train_examples": 16, "num_test_examples": 8,
+            "epochs": 2, "lrs": "1e-3", "weight_decays": "0,0.1"},
+}
+
+
+@pytest.mark.parametrize("task", list(SMOKE))
+def test_smoke_run_writes_json_and_plot(task, tmp_path):
+    """Each task family end to end with the real model (a 1-layer GLA + Selective RoPE)."""
+    overrides = {**SMOKE[task], "model.hidden_size": 16, "model.num_heads": 2, "model.num_hidden_layers": 1, "mixer": "gla", "position_type": "selective_rope"}
+    results = run_synthetic(task, srope_model_factory, out=tmp_path, overrides=overrides, cache_dir=tmp_path / "cache", progress=False)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["complete"] and saved["task"] == task and saved["device"] == "cpu" and "torch" in saved["versions"]
+    cfg = resolve_preset(task, None, overrides)
+    n_settings = len(saved["settings"])
+    assert len(saved["runs"]) == n_settings * len(cfg.lrs) * len(cfg.weight_decays) * len(cfg.seeds)
+    assert set(saved["summary"]) == {s["name"] for s in saved["settings"]}
+    for run in saved["runs"]:
+        assert 0.0 <= run["score"] <= 1.0 and run["steps"] > 0 and run["history"] and run["seconds"] > 0
+        assert 0.0 < run["eval_seconds"] < run["seconds"]
+    assert (tmp_path / "results.png").stat().st_size > 1000
+    assert results["summary"] == saved["summary"]
+    text = report([tmp_path])
+    assert saved["label"] in text and "|---" in text
+    partial = {k: v for k, v in saved.items() if k not in ("summary", "aggregate")}  # as written mid-sweep
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "results.json").write_text(json.dumps({**partial, "complete": False, "runs": saved["runs"][:1]}))
+    assert "(incomplete)" in report([tmp_path / "partial"])
+    if task == "mad":
+        assert saved["aggregate"]["settings_per_task"] == {"compression": 1, "memorization": 1, "selective-copying": 1}
+        assert "paper: GLA Selective RoPE" in text and "94.9" in text
+    else:
+        assert "without numbers" in text
+
+
+def test_the_loop_learns_parity_and_a_constant_model_does_not(tmp_path):
+    overrides = {"train_size": 64, "eval_size": 64, "train_len": 6, "eval_len": 12, "seeds": "0", "epochs": 60, "batch_size": 16, "lrs": "2e-2",
+                 "model.hidden_size": 16}
+    learned = run_synthetic("state_tracking", gru_factory, out=tmp_path / "gru", overrides=overrides, cache_dir=None, progress=False, plot=False)
+    run = learned["runs"][0]
+    assert run["stopped"] == "threshold" and run["score"] >= 0.99 and run["steps"] < 60 * 4
+    assert learned["summary"]["S2"]["scalars"]["seq_acc_at_train_len"] >= 0.99
+
+    class Constant(nn.Module):  # position-blind: it can only learn the label frequencies
+        def __init__(self, vocab):
+            super().__init__()
+            self.bias = nn.Parameter(torch.zeros(vocab))
+
+        def forward(self, x):
+            return self.bias.expand(*x.shape, -1)
+
+    blind = run_synthetic("state_tracking", lambda r: Constant(r.vocab_size), out=tmp_path / "blind", overrides={**overrides, "epochs": 5},
+                          cache_dir=None, progress=False, plot=False)
+    assert blind["runs"][0]["score"] == 0.0 and blind["runs"][0]["stopped"] is None
+
+
+def test_same_seed_same_run_other_seed_other_run(tmp_path):
+    overrides = {**SMOKE["state_tracking"], "seeds": "3", "model.hidden_size": 8}
+    runs = [run_synthetic("state_tracking", gru_factory, out=tmp_path / str(i), overrides=o, cache_dir=None, progress=False, plot=False)["runs"][0]
+            for i, o in enumerate([overrides, overrides, {**overrides, "seeds": "4"}])]
+    assert runs[0]["history"] == runs[1]["history"] and runs[0]["metrics"] == runs[1]["metrics"]
+    assert runs[0]["history"] != runs[2]["history"]
+
+
+class _Scripted:
+    """A fake task whose evaluations return a fixed sequence of scores."""
+
+    def __init__(self, scores):
+        self.scores, self.calls = list(scores), 0
+        x = np.ones((4, 3), dtype=np.int64)
+        self.prepared = Prepared(train=ArrayStream(x, x, batch_size=2, shuffle=False), evaluate=self.evaluate)
+
+    def evaluate(self, forward):
+        score = self.scores[self.calls]
+        self.calls += 1
+        return {"score": score, "tag": self.calls}
+
+
+@pytest.mark.parametrize("changes,scores,epochs,stopped,chosen", [
+    ({"patience": 2}, [0.1, 0.3, 0.2, 0.25, 0.9], 4, "patience", 0.25),
+    ({"patience": 2, "select": "best"}, [0.1, 0.3, 0.2, 0.25, 0.9], 4, "patience", 0.3),
+    ({"stop_at": 0.5}, [0.2, 0.5, 0.6, 0.1], 3, "threshold", 0.6),
+    ({"stop_at": 0.5, "stop_inclusive": True}, [0.2, 0.5, 0.6, 0.1], 2, "threshold", 0.5),
+    ({}, [0.2, 0.1, 0.3, 0.4], 4, None, 0.4),
+])
+def test_stopping_rules(changes, scores, epochs, stopped, chosen):
+    cfg = apply_overrides(ST_PRESETS["authors"], {"epochs": 4 if not changes else 10, "stop_at": None, "stop_inclusive": False, "select": "final", **changes})
+    fake = _Scripted(scores)
+    setting = Setting(name="fake", group="fake", vocab_size=3, max_len=3, params={})
+    record = train_run("state_tracking", cfg, setting, fake.prepared, lambda r: nn.Sequential(nn.Embedding(3, 4), nn.Linear(4, 3)),
+                       lr=1e-3, weight_decay=0.0, seed=0, device=torch.device("cpu"), progress=False)
+    assert record["epochs"] == epochs and record["stopped"] == stopped and record["score"] == chosen
+    assert record["steps"] == 2 * epochs and [h["score"] for h in record["history"]] == scores[:epochs]
+
+
+def test_a_diverging_run_is_stopped_and_flagged():
+    class Exploding(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return (self.w * float("inf") - self.w * float("inf")).expand(*x.shape, 3)  # NaN logits
+
+    cfg = apply_overrides(ST_PRESETS["authors"], {"epochs": 5, "stop_at": None})
+    record = train_run("state_tracking", cfg, Setting("fake", "fake", 3, 3, {}), _Scripted([0.0] * 5).prepared, lambda r: Exploding(),
+                       lr=1e-3, weight_decay=0.0, seed=0, device=torch.device("cpu"), progress=False)
+    assert record["diverged"] and record["stopped"] == "diverged" and record["epochs"] == 1
+    assert record["history"][0]["train_loss"] is None
+    json.dumps(record, allow_nan=False)
+
+
+def test_max_steps_caps_a_run():
+    cfg = apply_overrides(ST_PRESETS["authors"], {"epochs": 10, "stop_at": None, "max_steps": 3})
+    fake = _Scripted([0.0] * 10)
+    record = train_run("state_tracking", cfg, Setting("fake", "fake", 3, 3, {}), fake.prepared, lambda r: nn.Sequential(nn.Embedding(3, 4), nn.Linear(4, 3)),
+                       lr=1e-3, weight_decay=0.0, seed=0, device=torch.device("cpu"), progress=False)
+    assert record["steps"] == 3 and record["planned_steps"] == 3 and record["epochs"] == 2
+
+
+def test_max_seconds_ends_a_run_with_an_evaluation():
+    cfg = apply_overrides(ST_PRESETS["authors"], {"epochs": 10, "stop_at": None, "max_seconds": 1e-9})
+    fake = _Scripted([0.25] * 10)
+    record = train_run("state_tracking", cfg, Setting("fake", "fake", 3, 3, {}), fake.prepared, lambda r: nn.Sequential(nn.Embedding(3, 4), nn.Linear(4, 3)),
+                       lr=1e-3, weight_decay=0.0, seed=0, device=torch.device("cpu"), progress=False)
+    assert record["steps"] == 1 and record["stopped"] == "time" and record["epochs"] == 1 and record["score"] == 0.25
+    with pytest.raises(ValueError, match="max_seconds"):
+        check_train_config(apply_overrides(ST_PRESETS["authors"], {"max_seconds": 0}))
+
+
+def test_schedules():
+    def cfg(**kw):
+        return types.SimpleNamespace(**{"schedule": "constant", "warmup": 0.0, "min_lr": 0.0, **kw})
+
+    warm = cfg(schedule="linear_warmup", warmup=0.1)
+    assert learning_rate(warm, 1.0, 0, 100, 0, 1) == 0.0 and learning_rate(warm, 1.0, 5, 100, 0, 1) == 0.5
+    assert learning_rate(warm, 1.0, 10, 100, 0, 1) == 1.0 and learning_rate(warm, 1.0, 99, 100, 0, 1) == pytest.approx(1 / 90)
+    cos = cfg(schedule="cosine", min_lr=0.1)
+    assert learning_rate(cos, 1.0, 0, 10, 0, 1) == 1.0 and learning_rate(cos, 1.0, 5, 10, 0, 1) == pytest.approx(0.55)
+    per_epoch = cfg(schedule="cosine_epoch", min_lr=1e-6)
+    assert learning_rate(per_epoch, 1e-3, 123, 999, 0, 200) == 1e-3
+    assert learning_rate(per_epoch, 1e-3, 0, 999, 100, 200) == pytest.approx((1e-3 + 1e-6) / 2)
+    assert learning_rate(cfg(), 0.3, 7, 10, 2, 3) == 0.3
+
+
+def test_model_interface(tmp_path):
+    requests = []
+
+    class HFStyle(nn.Module):
+        def __init__(self, vocab):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, 8)
+            self.lm_head = nn.Linear(8, vocab + 5)  # a padded vocabulary is fine
+
+        def forward(self, x):
+            return types.SimpleNamespace(logits=self.lm_head(self.embed(x)))
+
+    def factory(request):
+        requests.append(request)
+        return HFStyle(request.vocab_size)
+
+    overrides = {**SMOKE["mqar"], "epochs": 1, "lrs": "1e-3", "position_type": "rope", "position.theta": "1e4", "mixer": "attention"}
+    results = run_synthetic("mqar", factory, out=tmp_path, overrides=overrides, cache_dir=None, progress=False, plot=False)
+    assert [r.model["hidden_size"] for r in requests] == [8, 16] and all(r.model["num_hidden_layers"] == 2 for r in requests)
+    assert requests[0].position == {"type": "rope", "theta": 1e4} and requests[0].mixer == "attention"
+    assert requests[0].vocab_size == 128 and requests[0].max_len == 64 and requests[0].task == "mqar"
+    assert results["label"] == "attention/rope"
+
+    with pytest.raises(ValueError, match="logits must be"):
+        run_synthetic("mqar", lambda r: nn.Embedding(r.vocab_size, 4), out=tmp_path / "bad", overrides=overrides, cache_dir=None, progress=False)
+    with pytest.raises(ValueError, match="unknown setting"):
+        run_synthetic("mqar", factory, out=tmp_path / "x", overrides={"learning_rate": 1}, cache_dir=None)
+    with pytest.raises(ValueError, match="unknown synthetic task"):
+        run_synthetic("parity", factory, out=tmp_path / "x")
+    with pytest.raises(ValueError, match="unknown preset"):
+        run_synthetic("mqar", factory, out=tmp_path / "x", preset="authors")
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    add_synth_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_cli_handler(tmp_path, capsys):
+    assert run_synth_command(_parse(["mad", "--dry-run"]), gru_factory) == 0
+    printed = capsys.readouterr().out
+    assert "66 settings x 6 runs each" in printed and "memorization/vocab_size=8192" in printed
+    argv = ["state_tracking", "--position", "nope", "--mixer", "gla", "--out", str(tmp_path / "run"), "--no-progress", "--cache-dir", "none"]
+    argv += [f"--set={k}={v}" for k, v in {**SMOKE["state_tracking"], "seeds": "0", "model.hidden_size": 8}.items()]
+    assert run_synth_command(_parse(argv), gru_factory) == 0
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["label"] == "gla/nope" and saved["config"]["group"] == "A3" and saved["overrides"]["position_type"] == "nope"
+    assert run_synth_command(_parse(["report", str(tmp_path / "run"), "--out", str(tmp_path / "r.md")]), gru_factory) == 0
+    assert "gla/nope" in (tmp_path / "r.md").read_text()
+    with pytest.raises(ValueError, match="unknown setting"):
+        run_synth_command(_parse(["copying", "--set", "bogus=1", "--out", str(tmp_path / "y")]), gru_factory)
+    with pytest.raises(ValueError, match="--out"):
+        run_synth_command(_parse(["copying"]), gru_factory)
+
+
+def test_presets_resolve_and_check():
+    for task, module_presets in {"mqar": ["zoology", "paper"], "mad": ["paper"], "copying": ["authors", "paper"],
+                                 "state_tracking": ["authors", "paper", "paper_a3"]}.items():
+        for name in module_presets:
+            cfg = resolve_preset(task, name)
+            assert cfg.lrs and cfg.seeds and not math.isnan(cfg.lrs[0])
+    with pytest.raises(ValueError, match="schedule"):
+        resolve_preset("copying", None, {"schedule": "step"})
+    with pytest.raises(ValueError, match="group"):
+        resolve_preset("state_tracking", None, {"group": "X3"})
+
+
+@pytest.mark.parametrize("task,preset", [("mqar", "zoology"), ("mad", "paper"), ("copying", "authors"), ("state_tracking", "authors"), ("state_tracking", "paper_a3")])
+def test_preset_position_options_build_the_real_modules(task, preset):
+    """Every position-encoding option a preset carries is accepted by srope.modules."""
+    from srope.modules import build_position_encoding
+
+    cfg = resolve_preset(task, preset)
+    hidden = cfg.model.get("hidden_size", 64)
+    heads = cfg.model.get("num_heads", 2)
+    head_dim = int(hidden * cfg.model.get("expand_k", 1.0)) // heads
+    assert set(cfg.position) == {"rope", "selective_rope"}
+    for kind, options in cfg.position.items():
+        module = build_position_encoding({"type": kind, **options}, hidden_size=hidden, num_heads=heads, head_dim=head_dim)
+        q = torch.randn(2, 5, heads, head_dim)
+        out_q, out_k, _ = module(q, q.clone(), torch.randn(2, 5, hidden))
+        assert out_q.shape == q.shape and torch.isfinite(out_q).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_runner_on_cuda_uses_bf16_autocast(tmp_path):
+    seen = []
+
+    class Recording(nn.Module):
+        def __init__(self, vocab):
+            super().__init__()
+            self.gru = gru_factory(types.SimpleNamespace(vocab_size=vocab, model={"hidden_size": 16}))
+
+        def forward(self, x):
+            logits = self.gru(x)
+            seen.append((logits.device.type, logits.dtype))
+            return logits
+
+    overrides = {**SMOKE["state_tracking"], "train_size": 256, "eval_size": 64, "epochs": 20, "lrs": "1e-2", "seeds": "0"}
+    results = run_synthetic("state_tracking", lambda r: Recording(r.vocab_size), out=tmp_path, overrides=overrides, device="cuda", cache_dir=None, progress=False)
+    assert results["device"].startswith("cuda") and results["device_name"]
+    assert ("cuda", torch.bfloat16) in seen and all(device == "cuda" for device, _ in seen)
+    assert (tmp_path / "results.png").exists() and results["runs"][0]["score"] >= 0.0

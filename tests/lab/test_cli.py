@@ -1,0 +1,130 @@
+"""The ``srope`` command as a new user meets it: help at once without heavy imports, and every
+user error as one line on stderr with exit code 2 (``--debug``: the traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from srope.lab.cli import build_parser, main
+
+COMMANDS = ["demo", "models", "data", "data prepare", "train", "sweep-lr", "eval", "lm-eval", "report", "synth", "theory", "bench", "info"]
+
+
+def _fresh(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_import_srope_loads_neither_torch_nor_transformers():
+    result = _fresh("import sys, srope; print(json.dumps(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules)))".replace("json.dumps", "__import__('json').dumps"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+    # the op and the modules import torch, still not transformers
+    result = _fresh("import sys; from srope import SelectiveRoPE, selective_rope; assert 'torch' in sys.modules; print('transformers' in sys.modules)")
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.parametrize("command", [""] + COMMANDS)
+def test_help_answers_without_torch(command):
+    argv = [*command.split(), "--help"]
+    code = (
+        "import sys, time; began = time.perf_counter()\n"
+        "from srope.lab.cli import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules)\n"
+        "print('SECONDS', time.perf_counter() - began, 'HEAVY', heavy)"
+    )
+    began = time.perf_counter()
+    result = _fresh(code)
+    wall = time.perf_counter() - began
+    assert result.returncode == 0, result.stderr
+    assert "usage: srope" in result.stdout
+    assert result.stdout.strip().endswith("HEAVY []"), result.stdout[-300:]
+    print(f"srope {command} --help: {wall:.2f} s in a fresh process (CI benchmark, not asserted)")
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["train", "--preset", "gla-tin", "--max-steps", "3"], "unknown preset 'gla-tin'"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--data", "no/such/file.txt"], "no such file or folder"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--position", "ropee"], "position type must be one of"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "lr=fast"], "--set lr: expected a number, got 'fast'"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "learning_rate=1"], "unknown setting 'learning_rate'"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "model.hidden_size=big"], "model.hidden_size: expected an integer"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "model.hidden=8"], "unknown model setting 'model.hidden'"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "position.gate=bogus"], "gate must be one of"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "position.projection_gain=big"], "position.projection_gain: expected a number"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--resume"], "--resume: no checkpoint"),
+        (["synth", "copying", "--set", "bogus=1"], "bogus"),
+        (["synth", "parity"], "parity"),
+        (["eval", "--model", "no/such/run"], "no/such/run"),
+        (["lm-eval", "--model", "no/such/run", "--tasks", "piqa"], "no/such/run"),
+    ],
+)
+def test_user_errors_are_one_line_with_exit_code_2(argv, expected, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    line = _error_line(capsys)
+    assert line.startswith(f"srope {argv[0]}: error: ") and expected in line, line
+    assert not (tmp_path / "out").exists()  # a failed start leaves no run folder behind
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["train", "--preset", "gla-tiny", "--max-steps", "0"], "expected a positive integer, got 0"),
+        (["train", "--preset", "gla-tiny"], "the following arguments are required: --max-steps"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--val-fraction", "2"], "expected a number in (0, 1)"),
+        (["trian"], "invalid choice: 'trian'"),
+        (["demo", "--seeds", "4-1"], "expected seeds like 0-4"),
+    ],
+)
+def test_usage_errors_are_one_line_with_exit_code_2(argv, expected, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert expected in _error_line(capsys)
+
+
+def test_debug_shows_the_traceback(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="unknown preset"):
+        main(["--debug", "train", "--preset", "gla-tin", "--max-steps", "3"])
+    with pytest.raises(ValueError, match="unknown preset"):
+        main(["train", "--preset", "gla-tin", "--max-steps", "3", "--debug"])
+    monkeypatch.setenv("SROPE_DEBUG", "1")
+    with pytest.raises(ValueError, match="unknown preset"):
+        main(["train", "--preset", "gla-tin", "--max-steps", "3"])
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    """Only user errors become one line: anything else is srope's fault and must show where."""
+    import srope.lab.cli as cli
+
+    def broken(args):
+        raise KeyError("internal")
+
+    parser = build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    parser._subparsers._group_actions[0].choices["info"].set_defaults(func=broken)
+    with pytest.raises(KeyError, match="internal"):
+        main(["info"])
+
+
+def test_sweep_default_grid_is_the_papers():
+    from srope.lab.train.sweep import PAPER_LRS
+
+    args = build_parser().parse_args(["sweep-lr", "--preset", "gla-tiny", "--max-steps", "1"])
+    assert args.lrs is None and PAPER_LRS == (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # the help text names this grid
