@@ -32,7 +32,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import queue
 import time
 import traceback
@@ -45,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from srope.lab import provenance
+from srope.lab.schedule import warmup_stable_decay
 from srope.ops.layout import RowLayout
 from srope.lab.tasks import state_tracking
 from srope.lab.tasks.common import rng_for
@@ -155,13 +155,8 @@ class DemoConfig:
         if self.switch_warmup_steps and self.stage_at(step) > 0:
             into = step - sum(entry[1] for entry in self.curriculum[: self.stage_at(step)])
             scale *= min(1.0, (into + 1) / self.switch_warmup_steps)
-        if step < self.warmup_steps:
-            return scale * self.lr * (step + 1) / self.warmup_steps
-        decay_start = self.steps - self.cooldown_steps
-        if step < decay_start or self.cooldown_steps == 0:
-            return scale * self.lr
-        progress = (step + 1 - decay_start) / self.cooldown_steps
-        return scale * self.lr * (1 - (1 - self.min_lr_ratio) * progress)
+        return scale * warmup_stable_decay(step, total=self.steps, peak=self.lr, warmup_steps=self.warmup_steps,
+                                           cooldown_steps=self.cooldown_steps, min_ratio=self.min_lr_ratio)
 
     def phase_noise_at(self, step: int) -> float | None:
         """Selective RoPE's phase noise (radians per token) at optimiser step ``step``, or
@@ -630,7 +625,7 @@ def run_demo(out: str | os.PathLike = "out/demo", device: str = "cpu", seed: int
         "eval_sequences": {"train": len(data["train"][0]), "eval": len(data["eval"][0]),
                            "dropped_seen_in_training": data["dropped_seen_in_training"]},
         "config": _jsonable(dataclasses.asdict(config)),
-        "environment": _environment(device),
+        "environment": provenance.environment(device),
         "provenance": provenance.record(seeds=[seed], device=device, wall_s=round(time.perf_counter() - start, 3)),
         "results": {kind: runs[kind] for kind in POSITIONS},
     }
@@ -871,16 +866,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return value
-
-
-def _environment(device: str) -> dict:
-    from importlib import metadata
-
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
-    for package in ("srope", "transformers", "triton", "flash-linear-attention", "fla-core"):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            pass
-    name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
-    return {"device_name": name, "versions": versions}

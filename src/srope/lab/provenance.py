@@ -44,12 +44,21 @@ def commit() -> tuple[str | None, bool | None]:
 
 def versions() -> dict:
     found = {"python": platform.python_version()}
-    for package in ("srope", "torch", "triton", "numpy", "transformers", "fla-core", "flash-linear-attention"):
+    for package in ("srope", "torch", "triton", "numpy", "transformers", "fla-core", "flash-linear-attention", "lm-eval"):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             pass
     return found
+
+
+def environment(device) -> dict:
+    """Where a run ran: the device, its name, torch's CPU threads and the package versions."""
+    import torch
+
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return {"device": str(device), "device_name": name, "threads": torch.get_num_threads(), "versions": versions()}
 
 
 def record(command: str | list[str] | None = None, **extra) -> dict:

@@ -16,7 +16,7 @@ from torch import nn
 from srope.lab.tasks import run_synthetic
 from srope.lab.tasks.cli import add_synth_arguments, run_synth_command
 from srope.lab.tasks.common import ArrayStream, Prepared, Setting, apply_overrides, check_train_config
-from srope.lab.tasks.runner import learning_rate, report, resolve_preset, train_run  # srope.lab.tasks.report is also a module's name
+from srope.lab.tasks.runner import report, resolve_preset, train_run  # srope.lab.tasks.report is also a module's name
 from srope.lab.tasks.state_tracking import PRESETS as ST_PRESETS
 from srope.lab.cli import srope_model_factory
 from tests.lab.tasks.standin import gru_factory
@@ -154,21 +154,6 @@ def test_max_seconds_ends_a_run_with_an_evaluation():
     assert record["steps"] == 1 and record["stopped"] == "time" and record["epochs"] == 1 and record["score"] == 0.25
     with pytest.raises(ValueError, match="max_seconds"):
         check_train_config(apply_overrides(ST_PRESETS["authors"], {"max_seconds": 0}))
-
-
-def test_schedules():
-    def cfg(**kw):
-        return types.SimpleNamespace(**{"schedule": "constant", "warmup": 0.0, "min_lr": 0.0, **kw})
-
-    warm = cfg(schedule="linear_warmup", warmup=0.1)
-    assert learning_rate(warm, 1.0, 0, 100, 0, 1) == 0.0 and learning_rate(warm, 1.0, 5, 100, 0, 1) == 0.5
-    assert learning_rate(warm, 1.0, 10, 100, 0, 1) == 1.0 and learning_rate(warm, 1.0, 99, 100, 0, 1) == pytest.approx(1 / 90)
-    cos = cfg(schedule="cosine", min_lr=0.1)
-    assert learning_rate(cos, 1.0, 0, 10, 0, 1) == 1.0 and learning_rate(cos, 1.0, 5, 10, 0, 1) == pytest.approx(0.55)
-    per_epoch = cfg(schedule="cosine_epoch", min_lr=1e-6)
-    assert learning_rate(per_epoch, 1e-3, 123, 999, 0, 200) == 1e-3
-    assert learning_rate(per_epoch, 1e-3, 0, 999, 100, 200) == pytest.approx((1e-3 + 1e-6) / 2)
-    assert learning_rate(cfg(), 0.3, 7, 10, 2, 3) == 0.3
 
 
 def test_model_interface(tmp_path):

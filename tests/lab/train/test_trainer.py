@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 import srope.models  # noqa: F401  (registers the Auto classes)
 from srope.models import SRopeForCausalLM, preset_config
-from srope.lab.train.optim import parameter_groups, warmup_cosine
+from srope.lab.train.optim import parameter_groups
 from srope.lab.train.trainer import TrainConfig, apply_overrides, token_loss_sum, train
 from tests.lab.train.conftest import make_text
 
@@ -130,15 +130,6 @@ def test_weight_decay_groups():
     assert "model.layers.0.mixer.position.bias" in keep and "model.layers.0.mixer.position.proj_gain" in keep
     assert "model.layers.0.mixer.position.learned_temperature" in keep and "model.layers.0.mixer.A_log" in keep
     assert "model.layers.0.mixer.q_proj.weight" in decay and "model.embeddings.weight" in decay
-
-
-def test_schedule_is_the_papers():
-    peak, total = 1e-3, 100
-    assert warmup_cosine(0, total=total, peak=peak) == pytest.approx(1e-5)
-    assert warmup_cosine(10, total=total, peak=peak) == pytest.approx(peak)
-    assert warmup_cosine(99, total=total, peak=peak) == pytest.approx(1e-4)
-    values = [warmup_cosine(s, total=total, peak=peak) for s in range(total)]
-    assert all(a <= b for a, b in zip(values[:10], values[1:11])) and all(a >= b for a, b in zip(values[10:], values[11:]))
 
 
 def test_overrides_are_checked():

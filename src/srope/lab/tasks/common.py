@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from srope.lab.overrides import coerce, parse_literal
+from srope.lab.schedule import TASK_SCHEDULES
 
 IGNORE = -100
 CACHE_ENV = "SROPE_CACHE"
@@ -84,7 +85,6 @@ class TrainConfig:
     position: dict = field(default_factory=dict)  # {position type: its keyword arguments}
 
 
-SCHEDULES = ("constant", "cosine", "cosine_epoch", "linear_warmup")
 SELECTS = ("final", "best")
 
 
@@ -96,8 +96,8 @@ def check_train_config(cfg: TrainConfig, auto_batch: bool = False) -> None:
             raise ValueError(f"{name} must list at least one value")
     if any(not lr > 0 for lr in cfg.lrs):
         raise ValueError(f"learning rates must be positive, got {cfg.lrs}")
-    if cfg.schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {cfg.schedule!r}")
+    if cfg.schedule not in TASK_SCHEDULES:
+        raise ValueError(f"schedule must be one of {TASK_SCHEDULES}, got {cfg.schedule!r}")
     if cfg.select not in SELECTS:
         raise ValueError(f"select must be one of {SELECTS}, got {cfg.select!r}")
     if cfg.batch_size < (0 if auto_batch else 1) or cfg.eval_batch_size < 1 or cfg.epochs < 1:

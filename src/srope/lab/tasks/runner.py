@@ -35,23 +35,22 @@ import hashlib
 import json
 import math
 import os
-import platform
 import re
 import shutil
 import signal
 import sys
 import time
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from srope.lab import provenance
+from srope.lab.schedule import task_schedule
 from srope.lab.tasks import copying, mad, mqar, state_tracking
 from srope.lab.tasks.common import IGNORE, ModelRequest, Prepared, Setting, apply_overrides, default_cache_dir, preset_dict, rng_for
 from srope.lab.tasks.parallel import LocalControl
@@ -112,21 +111,6 @@ def as_logits(output: Any) -> torch.Tensor:
     if isinstance(output, dict) and "logits" in output:
         return output["logits"]
     raise TypeError(f"the model must return logits (a tensor or an output with .logits), got {type(output).__name__}")
-
-
-def learning_rate(cfg, base: float, step: int, total: int, epoch: int, epochs: int) -> float:
-    """The schedule's learning rate for optimiser step ``step`` (0-based) of ``total``."""
-    if cfg.schedule == "constant":
-        return base
-    if cfg.schedule == "cosine":
-        return cfg.min_lr + (base - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * step / total))
-    if cfg.schedule == "cosine_epoch":
-        return cfg.min_lr + (base - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * epoch / epochs))
-    if cfg.schedule == "linear_warmup":  # transformers' get_linear_schedule_with_warmup
-        warm = int(cfg.warmup * total)
-        factor = step / warm if step < warm else max(0.0, (total - step) / max(1, total - warm))
-        return base * factor
-    raise ValueError(f"unknown schedule {cfg.schedule!r}")
 
 
 def _autocast(device: torch.device):
@@ -225,7 +209,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
                 break
             x, y = torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(cfg, lr, step, total, epoch, epochs)
+                group["lr"] = task_schedule(cfg.schedule, lr, step, total, epoch=epoch, epochs=epochs, min_lr=cfg.min_lr, warmup=cfg.warmup)
             with _autocast(device):
                 logits = logits_of(x)
             # mean over the scored positions (a batch without any gives 0, not NaN)
@@ -314,17 +298,6 @@ def weights_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def environment(device: torch.device) -> dict:
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
-    for package in ("srope", "triton", "flash-linear-attention", "fla-core", "transformers"):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            pass
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    return {"device": str(device), "device_name": name, "threads": torch.get_num_threads(), "versions": versions}
-
-
 def default_label(cfg) -> str:
     label = f"{cfg.mixer}/{cfg.position_type}"
     if cfg.position_type == "selective_rope":
@@ -389,7 +362,7 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
                 results = {
                     "task": task, "preset": preset_name, "label": label or default_label(cfg), "mixer": cfg.mixer, "position_type": cfg.position_type,
                     "overrides": {k: str(v) for k, v in (overrides or {}).items()}, "config": preset_dict(cfg),
-                    "settings": [dataclasses.asdict(s) for s in module.settings(cfg)], **environment(dev), "complete": False, "runs": [], "provenance": [],
+                    "settings": [dataclasses.asdict(s) for s in module.settings(cfg)], **provenance.environment(dev), "complete": False, "runs": [], "provenance": [],
                 }  # fmt: skip
                 if jobs > 1:
                     results["threads"] = threads
@@ -503,7 +476,6 @@ def _say(text: str) -> None:
 
 def _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress, plot, resume, jobs, threads, stop_after_steps, autotune) -> dict:
     """The sweep of :func:`run_synthetic` once its arguments are resolved and checked."""
-    from srope.lab import provenance
 
     specs, grid = [], [(lr, wd, seed) for lr in cfg.lrs for wd in cfg.weight_decays for seed in cfg.seeds]
     for setting in module.settings(cfg):

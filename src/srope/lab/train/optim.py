@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
@@ -38,17 +37,6 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         {"params": [p for _, p in decay], "names": [n for n, _ in decay], "weight_decay": weight_decay},
         {"params": [p for _, p in keep], "names": [n for n, _ in keep], "weight_decay": 0.0},
     ]
-
-
-def warmup_cosine(step: int, *, total: int, peak: float, start: float = 1e-5, end: float = 1e-4, warmup: float = 0.1) -> float:
-    """The paper's schedule: linear warm-up from ``start`` to ``peak`` over the first
-    ``warmup`` fraction of ``total`` steps, then cosine decay to ``end`` at the last step.
-    ``step`` counts from 0 (the learning rate of the first update)."""
-    warmup_steps = max(1, round(warmup * total))
-    if step < warmup_steps:
-        return start + (peak - start) * step / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total - 1 - warmup_steps))
-    return end + (peak - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float = 0.1, betas=(0.9, 0.95), eps: float = 1e-8) -> torch.optim.AdamW:

@@ -40,7 +40,8 @@ from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, save_
 from srope.lab.train.data import PackedBatches, eval_batches, load_corpus
 from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
 from srope.lab.train.graphed import GraphCaptureError, StepGraph
-from srope.lab.train.optim import build_optimizer, warmup_cosine
+from srope.lab.schedule import warmup_cosine
+from srope.lab.train.optim import build_optimizer
 from srope.lab.train.stops import StopRequested, StopSignals
 
 # Settings a resumed run may change (they do not affect the numbers computed).
