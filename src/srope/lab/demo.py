@@ -253,7 +253,7 @@ CPU = DemoConfig(
     ema_decay=0.98,
     lr_by_stage=(1.0, 0.5, 0.35, 0.25),
     eval_size=1000,
-    eval_batch_size=50,  # 250 took 4x longer at length 512 on 2 cores (working set beyond the caches)
+    eval_batch_size=50,  # larger batches at length 512 outgrow a laptop core's caches
     note="a small GLA for the CPU",
 )
 

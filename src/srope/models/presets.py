@@ -1,6 +1,6 @@
 """Named model configurations with their training defaults.
 
-The 370M/1.3B presets follow the authors' LM configs (official-implementation.md §5.1) and
+The 370M/1.3B presets follow the authors' released LM configs (their §5.1 settings) and
 fla's layer layouts; their training defaults are the paper's recipe (Table 5): context 4096,
 a global batch of 128 × 4096 tokens (inferred from 66,758 steps ≈ 35B tokens), AdamW peak
 lr 1e-3 (the middle of the paper's grid; sweep with ``srope sweep-lr``). The tiny presets

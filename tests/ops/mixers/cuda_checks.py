@@ -5,7 +5,7 @@ Every case builds float64 inputs on the CPU, rounds them to the case's dtype, ru
 mixer on the device (forward, and backward with random cotangents for every input incl.
 the initial state), and compares outputs, final states and gradients with the same
 function run by the torch backend in float64 on the CPU on the rounded inputs. Errors are
-relative RMS (``tests.helpers.rel_err``), with the guide's tolerances: our PyTorch paths
+relative RMS (``tests.helpers.rel_err``), with these tolerances: our PyTorch paths
 in float32 1e-5, library kernels in float32 (fla, which uses TF32, and SDPA) 5e-3, bfloat16
 1e-2.
 """

@@ -2,7 +2,7 @@
 
 Run on the GPU machine with ``python -m pytest -m gpu tests/ops/mixers -q``. The case
 table and the comparison live in ``cuda_checks.py``; every case records its measured errors
-as a JUnit property (``benchmarks/run.sh gpu-tests`` keeps them). fla's first calls autotune (minutes on a fresh machine; see the guide, §6).
+as a JUnit property (``benchmarks/run.sh gpu-tests`` keeps them). fla's first calls autotune (minutes on a fresh machine without a Triton cache).
 """
 
 from __future__ import annotations

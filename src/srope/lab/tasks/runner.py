@@ -456,8 +456,8 @@ def cpu_threads(threads: int, device: torch.device):
 
     The small models of the ``cpu`` presets are chains of small ops that a second thread
     barely speeds up, and while another process holds a core, threads that wait for each
-    other make every op slow: on a 2-core machine with one core busy, one training step
-    of a one-layer GLA of width 32 took about 23 ms on one thread and 0.9-2.3 s on two.
+    other make every op slow (on a 2-core machine with one core busy, a small model's step
+    is about 40-100x slower on two threads than on one).
     """
     if not threads or device.type != "cpu":
         yield

@@ -11,14 +11,12 @@ with ``split``). After the conv (fla's, unchanged) the generator computes::
 
 The conv's activation (SiLU or none) is applied here, not by fla's conv: fla's backward of
 a conv with its fused activation first recomputes the conv's forward (for the
-pre-activation), while this kernel reads c anyway (one conv forward, 0.018 ms, less per
-step at the GLA-370M layer on the H200).
+pre-activation), while this kernel reads c anyway.
 
 With torch that is a sum over heads, an add, a sigmoid, a broadcast add and a broadcast
 multiply, and in the backward the products, two reductions over r and n, the sigmoid's
-gradient and an expand: a dozen kernels, several of them not vectorised (0.3 ms of the
-generator's 1.1 ms at 8 × 4096 tokens × 4 heads × 64 pairs on the H200,
-``benchmarks/profile_layer.py``). Here :func:`apply_head_gate` is one kernel
+gradient and an expand: a dozen kernels, several of them not vectorised (a large share of
+the generator's time, docs/kernels.md). Here :func:`apply_head_gate` is one kernel
 each way, the gate recomputed from y (H numbers per token) rather than stored. The logits'
 gradient ``ds·s(1-s)`` reaches every head's share of a logit unchanged, so y's gradient is
 that ``[N, H]`` tensor broadcast over the shares (the projection's backward reads it in

@@ -5,9 +5,8 @@ chunk ``x_h``. Since the normalisation is one scalar per token and head, it is a
 the small output instead of the input: x̂ (the size of the block input, in float32) is
 never built, and every head's maps (the ω projection and the first layers of the gate)
 share one read of x. The weight gradient, a reduction over all tokens into a small
-matrix, is split into slabs of tokens so that it fills the GPU (one long reduction ran on
-a few dozen thread blocks: 1.2 ms of the generator's 3.3 ms at 8 × 4096 tokens on the
-H200): :data:`SLAB` tokens each on the torch route; on CUDA the fused backward kernel
+matrix, is split into slabs of tokens so that it fills the GPU (one long reduction runs on
+a few dozen thread blocks): :data:`SLAB` tokens each on the torch route; on CUDA the fused backward kernel
 sums its own slabs (srope.ops.generator.projection_kernels).
 
 The forward always runs to the accuracy of the inputs' dtype (float32 or float64): the
@@ -49,8 +48,8 @@ def _weight_grad(x: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
 def _head_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a[n, h] @ b[h]`` as ``[N, H, M]`` for ``a [N, H, I]`` and ``b [H, I, M]``. Eager, the
     product is written in [N, H, M] order (cuBLAS takes the strides), so that what reads it
-    next sees contiguous memory (a [H, N, M] product cost two non-vectorised copies and a
-    strided multiply, 0.09 ms at 32768 tokens x 4 x 68); torch.compile cannot trace a
+    next sees contiguous memory (a [H, N, M] product costs two non-vectorised copies and a
+    strided multiply); torch.compile cannot trace a
     product into a strided ``out=`` and chooses its own layout."""
     if torch.compiler.is_compiling():
         return torch.bmm(a.transpose(0, 1), b).transpose(0, 1)

@@ -12,19 +12,14 @@ entry is at most 1, undone exactly after): ``hi·w_hi + hi·w_lo + lo·w_hi``. T
 ``lo·w_lo`` and the residuals are about 2^-22 of each product, and parts below float16's
 normal range keep an absolute error of at most 2^-25 (no part can overflow). The main
 product of each step starts from a zero accumulator and is added in float32: chained
-through one accumulator over the whole chunk (the tensor cores truncate as they add), the
-error was 8.8e-7 relative to float64, against cuBLAS's float32 2.9e-7; per step it is
-4.5e-7 (H200, GLA-370M shape; a variant holding the chunk in registers for one read of x
-was wrong by 4.9e-5 on the GPU, as are products over all 256 inputs at once, and is not
-used).
-At 8 × 4096 tokens × 1024 it takes 0.129 ms of kernels with the weight's split, against
-0.269 for the cuBLAS route it replaces (norm reduction, float32 SIMT product, broadcasting multiply; with
-TF32 the product alone takes 0.068 but errs by 2.9e-4), and 0.25 for a ``tf32x3`` kernel. With ``cast`` the first pass also writes
-x rounded to bf16/fp16: the copy the host's linear maps read under autocast
-(:meth:`srope.modules.SelectiveRoPE.prepare`), at no extra read of x. With ``split`` the
-outputs go to two tensors, columns ``[0, S)`` and ``[S, M)``, one column tile each (the
-generator's: the conv's input, then the gate's shares), and the backward reads dy and y
-from such parts at their own strides (the gate's gradient is a broadcast over heads).
+through one accumulator over the whole chunk the tensor cores' truncation as they add
+doubles the error (measurements in docs/kernels.md, "Tuning"). With ``cast`` the first
+pass also writes x rounded to bf16/fp16: the copy the host's linear maps read under
+autocast (``angles.x`` of :meth:`srope.modules.SelectiveRoPE.angles`), at no extra read of
+x. With ``split`` the outputs go to two tensors, columns ``[0, S)`` and ``[S, M)``, one
+column tile each (the generator's: the conv's input, then the gate's shares), and the
+backward reads dy and y from such parts at their own strides (the gate's gradient is a
+broadcast over heads).
 
 **Backward** (:func:`projection_backward`), with ``dz = r · dy`` and x rounded to bf16/fp16
 and everything else in float32::
@@ -39,13 +34,7 @@ layout), adds the norm's term and writes dx, and adds the step's ``x_lowᵀ dz``
 slab's weight gradient, kept in float32 registers and written once; the slabs' partials
 are summed in a fixed order (deterministic). x is read once and nothing else of its size
 is written. With ``host_grad`` (the gradient the host's maps send back to that copy of x)
-dx also gets it added: x then gets one gradient instead of two that autograd adds. At
-8 × 4096 tokens × 1024 with host_grad on the H200: 0.196 ms alone (the HBM floor of its
-340 MB is 0.07 ms at 4.8 TB/s; a torch ``x + host_grad`` over nearly the same bytes takes
-0.125; 0.196 in the layer's profile with two stages), against 0.54 for the torch route
-(casts, cuBLAS bf16 products that return bf16, a mixed-dtype add), 0.18 + 0.09 ms for an input-gradient kernel and cuBLAS
-weight-gradient products (benchmarks/tune_projection_grad.py), and 0.216-0.249 for this
-kernel on [tokens, inputs] tiles.
+dx also gets it added: x then gets one gradient instead of two that autograd adds.
 """
 
 from __future__ import annotations

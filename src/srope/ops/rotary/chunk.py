@@ -252,7 +252,7 @@ def selective_rope_bwd(
     need_total = phi_grad or offset_grad
     # dL/dangle per token, for dphi; for a bf16 phi in bf16: its gradient is rounded to bf16
     # anyway (relative error 1.6-1.7e-3 -> 1.7-1.8e-3 against float64) and the scratch's
-    # round trip takes half the bytes (H200: dphi 0.017 -> 0.013 ms at 8x4096x4x128). A
+    # round trip takes half the bytes. A
     # float32 phi keeps a float32 scratch (a bf16 one took its error from ~3e-7 to ~4e-4).
     # The chunk totals that carry it across chunks are summed from the unrounded values.
     scratch_dtype = torch.float64 if meta["F64"] else torch.bfloat16 if phi.dtype == torch.bfloat16 else torch.float32
