@@ -261,29 +261,3 @@ def test_runner_on_cuda_uses_bf16_autocast(tmp_path):
     assert results["device"].startswith("cuda") and results["device_name"]
     assert ("cuda", torch.bfloat16) in seen and all(device == "cuda" for device, _ in seen)
     assert (tmp_path / "results.png").exists() and results["runs"][0]["score"] >= 0.0
-
-
-@pytest.mark.parametrize("position", ["nope", "selective_rope"])
-def test_the_head_at_targets_trains_as_the_full_logits_do(tmp_path, monkeypatch, position):
-    """MQAR with an srope model: the loss from the head at the target positions only equals
-    the loss over the full logits (up to float32 rounding): the same losses, scores and
-    nearly the same weights after a few steps."""
-    import srope.lab.tasks.runner as runner
-
-    def run(name, head_at_targets):
-        monkeypatch.setattr(runner, "_head_at_targets", lambda model, vocab: head_at_targets)
-        cut = {"train_examples": 64, "test_examples": 32, "epochs": 2, "batch_size": 16, "seeds": "0", "lrs": "0.003"}
-        argv = ["mqar", "--preset", "cpu", "--position", position, "--out", str(tmp_path / name), "--no-progress", "--cache-dir", "none"]
-        argv += [f"--set={k}={v}" for k, v in cut.items()]
-        assert run_synth_command(_parse(argv), srope_model_factory) == 0
-        return json.loads((tmp_path / name / "results.json").read_text())["runs"][0]
-
-    from srope.lab.tasks import mqar
-
-    cfg = resolve_preset("mqar", "cpu")
-    setting = mqar.settings(cfg)[0]
-    assert runner._head_at_targets(srope_model_factory(runner.model_request("mqar", cfg, setting)), setting.vocab_size)
-    fast, full = run("fast", True), run("full", False)
-    assert fast["steps"] == full["steps"] == 8
-    for a, b in zip(fast["history"], full["history"]):
-        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5) and a["score"] == b["score"]

@@ -57,7 +57,6 @@ from srope.lab.tasks.parallel import LocalControl
 from srope.lab.tasks.summary import summarize
 from srope.lab.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from srope.lab.train.distributed import World
-from srope.ops.loss import summed_cross_entropy
 
 TASKS = {"mqar": mqar, "mad": mad, "copying": copying, "state_tracking": state_tracking}
 ModelFactory = Callable[[ModelRequest], nn.Module]
@@ -156,19 +155,6 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             raise ValueError(f"logits must be [B, T, >= {vocab}] for input {tuple(x.shape)}, got {tuple(logits.shape)}")
         return logits[..., :vocab]
 
-    head_at_targets = _head_at_targets(model, vocab)
-
-    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The mean loss over the scored positions (a batch without any gives 0, not NaN)."""
-        count = (y != IGNORE).sum().clamp(min=1)
-        with _autocast(device):
-            if head_at_targets:  # the head and loss only where a target is (MQAR: 64 of 512 positions)
-                keep = y != IGNORE
-                hidden = model.model(x, use_cache=False).last_hidden_state
-                return summed_cross_entropy(hidden[keep][None], model.lm_head.weight, y[keep][None]) / count
-            logits = logits_of(x)
-        return F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE, reduction="sum") / count
-
     def predict(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), _autocast(device):
             return logits_of(x.to(device)).argmax(-1).cpu()
@@ -224,7 +210,10 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             x, y = torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
             for group in optimizer.param_groups:
                 group["lr"] = task_schedule(cfg.schedule, lr, step, total, epoch=epoch, epochs=epochs, min_lr=cfg.min_lr, warmup=cfg.warmup)
-            loss = loss_of(x, y)
+            with _autocast(device):
+                logits = logits_of(x)
+            # mean over the scored positions (a batch without any gives 0, not NaN)
+            loss = F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE, reduction="sum") / (y != IGNORE).sum().clamp(min=1)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip is not None:
@@ -296,15 +285,6 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         run_dir.mkdir(parents=True, exist_ok=True)
         save_model(model, str(run_dir / WEIGHTS_FILE))
     return record
-
-
-def _head_at_targets(model: nn.Module, vocab: int) -> bool:
-    """Whether the training loss can skip the positions without a target: an srope model
-    (its hidden states and head apart) whose vocabulary is the task's. Elsewhere (wrapped
-    or foreign models) the loss reads the model's logits."""
-    from srope.models import SRopeForCausalLM
-
-    return isinstance(model, SRopeForCausalLM) and model.config.vocab_size == vocab
 
 
 def weights_digest(model: nn.Module) -> str:
