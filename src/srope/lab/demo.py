@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from srope.lab import provenance
+from srope.lab.loop import train_steps
 from srope.lab.schedule import warmup_stable_decay
 from srope.ops.layout import RowLayout
 from srope.lab.tasks import state_tracking
@@ -411,32 +412,34 @@ def train_model(kind: str, config: DemoConfig, seed: int, device: str,
     averaged = [p for name, p in model.named_parameters() if ".position." in name or not config.ema_position_only]
     ema: list[torch.Tensor] | None = None
     losses = []
-    model.train()
-    for step, inputs, targets in train_batches(config, seed):
+
+    def before(step: int) -> None:
+        nonlocal ema
         if config.ema_decay is not None and ema is None and config.stage_at(step) == last_stage:
             ema = [p.detach().clone() for p in averaged]  # the weights at the last stage's start
-        x = torch.as_tensor(inputs.astype(np.int64), device=dev)
-        y = torch.as_tensor(targets.astype(np.int64), device=dev)
-        for group in optimizer.param_groups:
-            group["lr"] = config.lr_at(step) * group["lr_scale"]
         noise = config.phase_noise_at(step)
         for encoding in encodings if noise is not None else ():
             encoding.phase_noise = noise
+
+    def loss(inputs: np.ndarray, targets: np.ndarray) -> torch.Tensor:
+        x = torch.as_tensor(inputs.astype(np.int64), device=dev)
+        y = torch.as_tensor(targets.astype(np.int64), device=dev)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(x).logits
-        loss = F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), y.reshape(-1), label_smoothing=config.label_smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
+        return F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), y.reshape(-1), label_smoothing=config.label_smoothing)
+
+    def after(step: int, value: torch.Tensor) -> None:
         if ema is not None:
             with torch.no_grad():
                 for average, p in zip(ema, averaged):
                     average.lerp_(p, 1 - config.ema_decay)
-        losses.append(loss.detach())
+        losses.append(value)
         if report is not None and ((step + 1) % 10 == 0 or step + 1 == config.steps):
-            report(kind, step + 1, float(losses[-1]))
+            report(kind, step + 1, float(value))
+
+    model.train()
+    train_steps(model, optimizer, train_batches(config, seed), loss=loss, lr_at=config.lr_at, grad_clip=config.grad_clip,
+                before=before, after=after)
     if ema is not None:
         with torch.no_grad():
             for average, p in zip(ema, averaged):

@@ -50,6 +50,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from srope.lab import provenance
+from srope.lab.loop import train_steps
 from srope.lab.schedule import task_schedule
 from srope.lab.tasks import copying, mad, mqar, state_tracking
 from srope.lab.tasks.common import IGNORE, ModelRequest, Prepared, Setting, apply_overrides, default_cache_dir, preset_dict, rng_for
@@ -155,6 +156,12 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             raise ValueError(f"logits must be [B, T, >= {vocab}] for input {tuple(x.shape)}, got {tuple(logits.shape)}")
         return logits[..., :vocab]
 
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The mean loss over the scored positions (a batch without any gives 0, not NaN)."""
+        with _autocast(device):
+            logits = logits_of(x)
+        return F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE, reduction="sum") / (y != IGNORE).sum().clamp(min=1)
+
     def predict(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), _autocast(device):
             return logits_of(x.to(device)).argmax(-1).cpu()
@@ -204,22 +211,16 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             position, rng_epoch, loss_count = 0, shuffle_rng.bit_generator.state, 0
             loss_sum = torch.zeros((), device=device)
         model.train()
-        for x_np, y_np in stream.epoch(epoch, shuffle_rng, start=position):
-            if step >= total:
-                break
-            x, y = torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
-            for group in optimizer.param_groups:
-                group["lr"] = task_schedule(cfg.schedule, lr, step, total, epoch=epoch, epochs=epochs, min_lr=cfg.min_lr, warmup=cfg.warmup)
-            with _autocast(device):
-                logits = logits_of(x)
-            # mean over the scored positions (a batch without any gives 0, not NaN)
-            loss = F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE, reduction="sum") / (y != IGNORE).sum().clamp(min=1)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            loss_sum += loss.detach()
+
+        def batches():
+            for x_np, y_np in stream.epoch(epoch, shuffle_rng, start=position):
+                if step >= total:
+                    return
+                yield step, torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
+
+        def after(_: int, loss: torch.Tensor) -> str | None:
+            nonlocal loss_sum, loss_count, step, position
+            loss_sum += loss
             loss_count += 1
             step += 1
             position += 1
@@ -227,17 +228,24 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             if step % 50 == 0:  # synchronise with the device only now and then
                 mean_loss = float(loss_sum) / loss_count
                 if not math.isfinite(mean_loss):
-                    break
+                    return "diverged"
                 bar.set_postfix(loss=f"{mean_loss:.4f}", score=f"{last['score']:.3f}" if last else "-")
             stop = control is not None and control.step_done()
             if run_dir is not None and (stop or step % cfg.checkpoint_every == 0):
                 checkpoint(epoch, position, rng_epoch, float(loss_sum), loss_count)
             if stop:
-                bar.close()
-                return None
-            if out_of_time():
-                stopped = "time"
-                break
+                return "control"
+            return "time" if out_of_time() else None
+
+        def lr_at(at: int) -> float:
+            return task_schedule(cfg.schedule, lr, at, total, epoch=epoch, epochs=epochs, min_lr=cfg.min_lr, warmup=cfg.warmup)
+
+        ended = train_steps(model, optimizer, batches(), loss=loss_of, lr_at=lr_at, grad_clip=cfg.grad_clip, after=after)
+        if ended == "control":
+            bar.close()
+            return None
+        if ended == "time":
+            stopped = "time"
         mean_loss = float(loss_sum) / loss_count if loss_count else None
         if mean_loss is not None and not math.isfinite(mean_loss):
             diverged, stopped, mean_loss = True, "diverged", None
