@@ -9,6 +9,18 @@ import typing
 from typing import Any
 
 
+def parse_assignments(items: list[str] | None) -> dict[str, str]:
+    """``["lrs=1e-3,5e-4", "seeds=0"]`` (the command line's ``--set``, repeated) into a dict;
+    a malformed item raises."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def parse_bool(text: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "on"):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from srope.lab.overrides import parse_assignments
 from srope.lab.tasks.common import (
     IGNORE,
     ClassCounts,
@@ -15,7 +16,6 @@ from srope.lab.tasks.common import (
     macro_accuracy,
     masked_accuracy,
     parse_lengths,
-    parse_overrides,
     rng_for,
 )
 from srope.lab.tasks.state_tracking import PRESETS as ST_PRESETS
@@ -35,8 +35,8 @@ def test_overrides_are_typed_and_unknown_keys_fail():
     with pytest.raises(ValueError, match="boolean"):
         apply_overrides(base, {"distinct": "maybe"})
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        parse_overrides(["lrs"])
-    assert parse_overrides(["lrs=1e-3", " seeds = 1,2 "]) == {"lrs": "1e-3", "seeds": "1,2"}
+        parse_assignments(["lrs"])
+    assert parse_assignments(["lrs=1e-3", " seeds = 1,2 "]) == {"lrs": "1e-3", "seeds": "1,2"}
 
 
 def test_model_and_position_overrides_reach_the_selected_encoding():

@@ -51,14 +51,14 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def synth_overrides(args: argparse.Namespace) -> dict[str, str]:
-    from srope.lab.tasks.common import parse_overrides
+    from srope.lab.overrides import parse_assignments
 
     overrides = {}
     if args.mixer is not None:
         overrides["mixer"] = args.mixer
     if args.position is not None:
         overrides["position_type"] = args.position
-    overrides.update(parse_overrides(args.overrides))
+    overrides.update(parse_assignments(args.overrides))
     return overrides
 
 

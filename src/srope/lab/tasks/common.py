@@ -33,7 +33,7 @@ DATA_VERSION = 1  # bump when a generator's output changes; it is part of every 
 
 
 @dataclass
-class TrainConfig:
+class TaskConfig:
     """Optimiser, schedule, sweep and stopping rule; every task preset extends it.
 
     ``schedule``: ``"cosine_epoch"`` (cosine over epochs, stepped once per epoch, to
@@ -88,7 +88,7 @@ class TrainConfig:
 SELECTS = ("final", "best")
 
 
-def check_train_config(cfg: TrainConfig, auto_batch: bool = False) -> None:
+def check_train_config(cfg: TaskConfig, auto_batch: bool = False) -> None:
     """Range checks shared by every preset (raises ValueError); ``auto_batch`` allows
     ``batch_size=0`` (the task picks it)."""
     for name in ("lrs", "weight_decays", "seeds"):
@@ -151,17 +151,6 @@ def apply_overrides(preset: Any, overrides: dict[str, Any] | None) -> Any:
 def preset_dict(preset: Any) -> dict:
     """The preset as plain JSON-able values."""
     return json.loads(json.dumps(dataclasses.asdict(preset), default=list))
-
-
-def parse_overrides(items: list[str] | None) -> dict[str, str]:
-    """``["lrs=1e-3,5e-4", "seeds=0"]`` (CLI ``--set``) into a dict; a malformed item raises."""
-    out: dict[str, str] = {}
-    for item in items or []:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
 
 
 def parse_lengths(spec: str | int | list | tuple) -> list[int]:

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from srope.lab.tasks.common import IGNORE, Predict, Prepared, SampledStream, Setting, TrainConfig, check_train_config, parse_lengths, rng_for
+from srope.lab.tasks.common import IGNORE, Predict, Prepared, SampledStream, Setting, TaskConfig, check_train_config, parse_lengths, rng_for
 
 NAME = "copying"
 BOS, SEP, EOS, PAD = 26, 27, 28, 29
@@ -47,7 +47,7 @@ SYMBOLS = {"$": BOS, "|": SEP, ".": EOS, "*": PAD}
 
 
 @dataclass
-class CopyingPreset(TrainConfig):
+class CopyingPreset(TaskConfig):
     alphabet: int = 26
     context_len: int = 420
     min_len: int = 2

@@ -59,7 +59,7 @@ from srope.lab.tasks.common import (
     Predict,
     Prepared,
     Setting,
-    TrainConfig,
+    TaskConfig,
     cached_arrays,
     check_train_config,
     rng_for,
@@ -105,7 +105,7 @@ _SELECTIVE_ROPE = {  # the authors' MAD module defaults, in srope.modules.Select
 
 
 @dataclass
-class MADPreset(TrainConfig):
+class MADPreset(TaskConfig):
     tasks: tuple[str, ...] = tuple(MAD_TASKS)
     only: tuple[str, ...] = ()  # setting names to keep (empty: all settings of ``tasks``)
     num_test_examples: int = 1280

@@ -39,7 +39,7 @@ from srope.lab.tasks.common import (
     Predict,
     Prepared,
     Setting,
-    TrainConfig,
+    TaskConfig,
     cached_arrays,
     check_train_config,
     rng_for,
@@ -51,7 +51,7 @@ ZOOLOGY_LRS = tuple(float(v) for v in np.logspace(-4, -2, 4))
 
 
 @dataclass
-class MQARPreset(TrainConfig):
+class MQARPreset(TaskConfig):
     vocab: int = 8192
     configs: tuple[str, ...] = ("64x4", "128x8", "256x16", "512x64")  # seq_len x kv_pairs
     d_models: tuple[int, ...] = (64, 128, 256, 512)

@@ -10,7 +10,7 @@ The training loop (one function, :func:`train_run`) is shared by every task: Ada
 parameters (the protocols decay every weight), cross-entropy on the targets that are not
 ``IGNORE``, bf16 autocast on CUDA (float32 elsewhere), optional gradient clipping, the
 learning rate set each step from the schedule, an evaluation after every epoch, and the
-stopping rule of the preset (see :class:`srope.lab.tasks.common.TrainConfig`). A preset's
+stopping rule of the preset (see :class:`srope.lab.tasks.common.TaskConfig`). A preset's
 ``threads`` (0: torch's default; the ``cpu`` presets: 1) sets torch's CPU threads for the run.
 
 Summary: for every setting the optimiser point (lr, weight decay) with the best mean score

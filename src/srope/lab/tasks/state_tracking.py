@@ -41,7 +41,7 @@ from srope.lab.tasks.common import (
     Predict,
     Prepared,
     Setting,
-    TrainConfig,
+    TaskConfig,
     cached_arrays,
     check_train_config,
     rng_for,
@@ -57,7 +57,7 @@ _SELECTIVE_ROPE = {  # the authors' state-tracking sweep, in srope.modules.Selec
 
 
 @dataclass
-class StateTrackingPreset(TrainConfig):
+class StateTrackingPreset(TaskConfig):
     group: str = "S2"
     train_len: int = 128
     eval_len: int = 512

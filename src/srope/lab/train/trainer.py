@@ -35,7 +35,7 @@ from tqdm import tqdm
 from srope.lab import provenance
 from srope.models import PRESETS, SRopeForCausalLM, preset_config
 from srope.models.configuration import position_class
-from srope.lab.overrides import coerce, parse_literal
+from srope.lab.overrides import coerce, parse_assignments, parse_literal
 from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from srope.lab.train.data import PackedBatches, eval_batches, load_corpus
 from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
@@ -126,10 +126,7 @@ def apply_overrides(config: TrainConfig, pairs: list[str]) -> TrainConfig:
     error here, not inside the optimiser); ``model=`` and ``position=`` take JSON."""
     hints = typing.get_type_hints(TrainConfig)
     updates, model, position = {}, dict(config.model), None
-    for pair in pairs:
-        if "=" not in pair:
-            raise ValueError(f"--set takes key=value, got {pair!r}")
-        key, raw = pair.split("=", 1)
+    for key, raw in parse_assignments(pairs).items():
         if key == "model":
             value = parse_literal(raw)
             if not isinstance(value, dict):
