@@ -15,7 +15,10 @@ geometry of check_cuda.py on CUDA under bf16 autocast):
   batch's length, a static shape).
 
     python benchmarks/check_compile.py --out FILE [--device cuda] [--backend inductor] [--layouts dense,padded]
-        [--mixers gla,attention] [--positions selective_rope]
+        [--mixers gla,attention] [--positions selective_rope] [--no-explain]
+
+On the CPU (``--device cpu --backend aot_eager``) it is the compile test of
+``tests/models/test_compile.py``.
 """
 
 from __future__ import annotations
@@ -145,6 +148,7 @@ def main() -> None:
     parser.add_argument("--layouts", default="dense", help="of dense, padded, packed")
     parser.add_argument("--mixers", default=",".join(MIXERS))
     parser.add_argument("--positions", default=",".join(POSITIONS))
+    parser.add_argument("--no-explain", action="store_true", help="skip explain's trace; compile with fullgraph=True (raises at a break)")
     parser.add_argument("--bf16-scale", action="store_true",
                         help="on CUDA also eager float32 (fla's float32 kernels autotune: minutes on a cold cache)")
     args = parser.parse_args()
@@ -152,7 +156,8 @@ def main() -> None:
     for mixer in args.mixers.split(","):
         for position in args.positions.split(","):
             try:
-                record = check(mixer, position, args.device, args.backend, tuple(args.layouts.split(",")), args.bf16_scale)
+                record = check(mixer, position, args.device, args.backend, tuple(args.layouts.split(",")), args.bf16_scale,
+                               explain=not args.no_explain)
             except Exception as error:  # recorded, and the other pairs still run
                 record = {"mixer": mixer, "position": position, "error": repr(error)[:500], "trace": traceback.format_exc()[-2000:]}
             print(record, flush=True)

@@ -91,3 +91,14 @@ def test_import_srope_is_light():
     code = "import srope, sys; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=SRC, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_benchmarks_never_import_the_tests():
+    root = SRC.parent
+    wrong = {}
+    for path in sorted((root / "benchmarks").glob("*.py")) + sorted((root / "experiments").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name == "tests" or name.startswith("tests.") for name in names):
+                wrong.setdefault(path.name, []).extend(names)
+    assert not wrong, wrong
