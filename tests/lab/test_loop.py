@@ -1,8 +1,8 @@
-"""The lab's training loop (srope.lab.loop): one step is what a hand-written AdamW step is."""
+"""The lab's training loop (srope.lab.loop): the plain step is what a hand-written AdamW step is."""
 
 import torch
 
-from srope.lab.loop import train_steps
+from srope.lab.loop import optimizer_step, train_steps
 
 
 def _model_and_data(seed=0):
@@ -22,8 +22,8 @@ def test_steps_equal_a_hand_written_loop_with_group_scales_and_clipping():
     model, data = _model_and_data()
     optimizer = optimizer_of(model)
     seen = []
-    train_steps(model, optimizer, data, loss=lambda x, y: torch.nn.functional.mse_loss(model(x), y), lr_at=lr_at, grad_clip=0.1,
-                before=lambda step: seen.append(("before", step)), after=lambda step, loss: seen.append(("after", step, loss.requires_grad)))
+    step = optimizer_step(model, optimizer, lambda x, y: torch.nn.functional.mse_loss(model(x), y), grad_clip=0.1)
+    train_steps(data, step, lr_at=lr_at, before=lambda step: seen.append(("before", step)), after=lambda step, loss: seen.append(("after", step, loss.requires_grad)))
 
     reference, _ = _model_and_data()
     ref_optimizer = optimizer_of(reference)
@@ -42,7 +42,14 @@ def test_a_truthy_after_ends_the_loop_and_is_returned():
     model, data = _model_and_data()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     done = []
-    ended = train_steps(model, optimizer, data, loss=lambda x, y: model(x).square().mean(), lr_at=lambda step: 0.1,
-                        after=lambda step, loss: done.append(step) or ("stop" if step == 2 else None))
+    step = optimizer_step(model, optimizer, lambda x, y: model(x).square().mean())
+    ended = train_steps(data, step, lr_at=lambda step: 0.1, after=lambda step, loss: done.append(step) or ("stop" if step == 2 else None))
     assert ended == "stop" and done == [0, 1, 2]
-    assert train_steps(model, optimizer, data[:1], loss=lambda x, y: model(x).square().mean(), lr_at=lambda step: 0.1) is None
+    assert train_steps(data[:1], step, lr_at=lambda step: 0.1) is None
+
+
+def test_the_step_gets_the_step_index_the_learning_rate_and_the_batch():
+    calls = []
+    result = train_steps([(3, "a", "b"), (4, "c")], lambda step, lr, *batch: calls.append((step, lr, batch)), lr_at=lambda step: step / 10,
+                         after=lambda step, value: value)
+    assert result is None and calls == [(3, 0.3, ("a", "b")), (4, 0.4, ("c",))]

@@ -181,7 +181,8 @@ def _add_run_arguments(parser: argparse.ArgumentParser, *, what: str, sets: str 
 
 def _run_config(args: argparse.Namespace):
     """The TrainConfig the run arguments describe (--set applied and checked)."""
-    from srope.lab.train.trainer import TrainConfig, apply_overrides
+    from srope.lab.config import apply_overrides
+    from srope.lab.train.trainer import TrainConfig
 
     config = TrainConfig(preset=args.preset, position=args.position, data=args.data, max_steps=args.max_steps, cache=args.cache, tokenizer=args.tokenizer)
     extra = [f"val_fraction={args.val_fraction}"] if args.val_fraction is not None else []

@@ -28,7 +28,6 @@ regularisers of ours, not the paper's (README, "Demo", has the full demos).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -44,7 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from srope.lab import provenance
-from srope.lab.loop import train_steps
+from srope.lab.config import RunConfig
+from srope.lab.loop import optimizer_step, train_steps
 from srope.lab.schedule import warmup_stable_decay
 from srope.ops.layout import RowLayout
 from srope.lab.tasks import state_tracking
@@ -59,7 +59,7 @@ RESULTS_FILE, PLOT_FILE = "results.json", "parity.png"
 
 
 @dataclass(frozen=True)
-class DemoConfig:
+class DemoConfig(RunConfig):
     """Everything a demo run depends on besides the seed and the device.
 
     Model: ``model`` holds :class:`srope.models.SRopeConfig` options of a GLA; ``rope`` and
@@ -438,7 +438,7 @@ def train_model(kind: str, config: DemoConfig, seed: int, device: str,
             report(kind, step + 1, float(value))
 
     model.train()
-    train_steps(model, optimizer, train_batches(config, seed), loss=loss, lr_at=config.lr_at, grad_clip=config.grad_clip,
+    train_steps(train_batches(config, seed), optimizer_step(model, optimizer, loss, grad_clip=config.grad_clip), lr_at=config.lr_at,
                 before=before, after=after)
     if ema is not None:
         with torch.no_grad():
@@ -627,7 +627,7 @@ def run_demo(out: str | os.PathLike = "out/demo", device: str = "cpu", seed: int
         "cores": cores,
         "eval_sequences": {"train": len(data["train"][0]), "eval": len(data["eval"][0]),
                            "dropped_seen_in_training": data["dropped_seen_in_training"]},
-        "config": _jsonable(dataclasses.asdict(config)),
+        "config": config.to_dict(),
         "environment": provenance.environment(device),
         "provenance": provenance.record(seeds=[seed], device=device, wall_s=round(time.perf_counter() - start, 3)),
         "results": {kind: runs[kind] for kind in POSITIONS},
@@ -861,11 +861,3 @@ def plot(results: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value

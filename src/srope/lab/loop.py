@@ -1,14 +1,17 @@
-"""The lab's training loop: one optimiser step after another, shared by the synthetic tasks'
-runner and the demo.
+"""The lab's training loop: one optimiser step after another, shared by ``srope train``, the
+synthetic tasks' runner and the demo.
 
-Each step sets every parameter group's learning rate (the schedule's value times the
-group's ``lr_scale``, 1 if it has none), computes the loss of the batch, back-propagates,
-clips the gradient norm and steps the optimiser. What differs between its users comes in
-as functions: the batches, the loss, the schedule, and what happens before and after a
-step (noise levels, averages, logging, checkpoints, stopping rules).
+:func:`train_steps` runs the steps: for each ``(step, *batch)`` it calls ``before(step)``,
+then ``step_fn(step, lr_at(step), *batch)``, then ``after(step, result)``, whose truthy
+return value ends the loop. What differs between its users comes in as these functions:
+the batches, the schedule, the step itself and what happens around it (noise levels,
+averages, logging, evaluation, checkpoints, stopping rules).
 
-``srope train`` runs its own step (:mod:`srope.lab.train.trainer`): micro-batches, DDP and
-FSDP2, and the whole step (optimiser included) captured as one CUDA graph.
+:func:`optimizer_step` is the plain step of the tasks and the demo: every parameter
+group's learning rate (the schedule's value times the group's ``lr_scale``, 1 if it has
+none), the loss of the batch, backward, gradient clipping, the optimiser's step.
+``srope train`` brings its own (:mod:`srope.lab.train.trainer`): micro-batches, DDP and
+FSDP2, a NaN guard before the update, and the whole step captured as one CUDA graph.
 """
 
 from __future__ import annotations
@@ -19,34 +22,48 @@ from typing import Any
 import torch
 from torch import nn
 
+StepFn = Callable[..., Any]
+
 
 def train_steps(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batches: Iterable[tuple[int, Any, Any]],
+    batches: Iterable[tuple],
+    step_fn: StepFn,
     *,
-    loss: Callable[[Any, Any], torch.Tensor],
     lr_at: Callable[[int], float],
-    grad_clip: float | None = None,
     before: Callable[[int], None] | None = None,
-    after: Callable[[int, torch.Tensor], Any] | None = None,
+    after: Callable[[int, Any], Any] | None = None,
 ) -> Any:
-    """Train on ``batches`` of ``(step, x, y)``; ``loss(x, y)`` is the scalar to minimise.
+    """Run ``step_fn(step, lr, *batch)`` for each ``(step, *batch)`` of ``batches``.
 
-    ``before(step)`` runs first in every step; ``after(step, loss)`` (the loss detached) runs
-    last, and a truthy return value ends the loop and is returned (else None)."""
-    for step, x, y in batches:
+    ``before(step)`` runs first in every step; ``after(step, result)`` last, with what the
+    step returned, and a truthy return value of it ends the loop and is returned (else None)."""
+    for step, *batch in batches:
         if before is not None:
             before(step)
-        lr = lr_at(step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_scale", 1.0)
-        value = loss(x, y)
+        result = step_fn(step, lr_at(step), *batch)
+        if after is not None and (stop := after(step, result)):
+            return stop
+    return None
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every parameter group's learning rate: ``lr`` times the group's ``lr_scale`` (1 if none)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss: Callable[..., torch.Tensor], *, grad_clip: float | None = None) -> StepFn:
+    """The plain step for :func:`train_steps`: ``loss(*batch)`` is the scalar to minimise;
+    the step returns it detached."""
+
+    def step(_: int, lr: float, *batch: Any) -> torch.Tensor:
+        set_learning_rate(optimizer, lr)
+        value = loss(*batch)
         optimizer.zero_grad(set_to_none=True)
         value.backward()
         if grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
-        if after is not None and (stop := after(step, value.detach())):
-            return stop
-    return None
+        return value.detach()
+
+    return step

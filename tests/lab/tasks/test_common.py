@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from srope.lab.config import apply_overrides
 from srope.lab.overrides import parse_assignments
 from srope.lab.tasks.common import (
     IGNORE,
     ClassCounts,
-    apply_overrides,
     cached_arrays,
     default_cache_dir,
     macro_accuracy,

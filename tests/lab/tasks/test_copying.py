@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from srope.lab.tasks import copying as cp
-from srope.lab.tasks.common import IGNORE, apply_overrides, rng_for
+from srope.lab.config import apply_overrides
+from srope.lab.tasks.common import IGNORE, rng_for
 
 
 def test_tokens():

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from srope.lab.tasks import mad
-from srope.lab.tasks.common import IGNORE, apply_overrides, rng_for
+from srope.lab.config import apply_overrides
+from srope.lab.tasks.common import IGNORE, rng_for
 from tests.lab.tasks.standin import TinyGRU
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from srope.lab.tasks import mqar
-from srope.lab.tasks.common import IGNORE, apply_overrides, rng_for
+from srope.lab.config import apply_overrides
+from srope.lab.tasks.common import IGNORE, rng_for
 
 
 @pytest.mark.parametrize("seq_len,kv_pairs,vocab", [(64, 4, 8192), (128, 8, 300), (66, 16, 100), (512, 64, 8192)])

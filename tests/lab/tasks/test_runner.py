@@ -15,7 +15,8 @@ from torch import nn
 
 from srope.lab.tasks import run_synthetic
 from srope.lab.tasks.cli import add_synth_arguments, run_synth_command
-from srope.lab.tasks.common import ArrayStream, Prepared, Setting, apply_overrides, check_train_config
+from srope.lab.config import apply_overrides
+from srope.lab.tasks.common import ArrayStream, Prepared, Setting, check_train_config
 from srope.lab.tasks.runner import report, resolve_preset, train_run  # srope.lab.tasks.report is also a module's name
 from srope.lab.tasks.state_tracking import PRESETS as ST_PRESETS
 from srope.lab.cli import srope_model_factory

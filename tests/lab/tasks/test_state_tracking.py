@@ -110,7 +110,7 @@ def test_determinism_and_distinct_rows():
 
 
 def test_datasets_follow_the_preset_seed_and_lengths(tmp_path):
-    from srope.lab.tasks.common import apply_overrides
+    from srope.lab.config import apply_overrides
 
     cfg = apply_overrides(st.PRESETS["authors"], {"train_size": 50, "eval_size": 20, "train_len": 6, "eval_len": 11})
     one, two = st.datasets(cfg, None), st.datasets(cfg, tmp_path)
@@ -132,7 +132,7 @@ def test_cumulative_and_sequence_accuracy():
 
 
 def test_evaluate_scores_an_oracle_and_a_broken_model():
-    from srope.lab.tasks.common import apply_overrides
+    from srope.lab.config import apply_overrides
 
     cfg = apply_overrides(st.PRESETS["authors"], {"train_size": 16, "eval_size": 30, "train_len": 5, "eval_len": 9, "eval_batch_size": 7})
     setting = st.settings(cfg)[0]

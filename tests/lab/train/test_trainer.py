@@ -20,7 +20,8 @@ from transformers import AutoModelForCausalLM
 import srope.models  # noqa: F401  (registers the Auto classes)
 from srope.models import SRopeForCausalLM, preset_config
 from srope.lab.train.optim import parameter_groups
-from srope.lab.train.trainer import TrainConfig, apply_overrides, token_loss_sum, train
+from srope.lab.config import apply_overrides
+from srope.lab.train.trainer import TrainConfig, token_loss_sum, train
 from tests.lab.train.conftest import make_text
 
 SMALL = dict(preset="gla-tiny", seq_len=32, global_batch_size=4, checkpoint_every=2, eval_rows=8, tensorboard=False, model={"hidden_size": 32, "num_heads": 2})

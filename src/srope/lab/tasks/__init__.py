@@ -12,7 +12,7 @@ Attributes import their module on first use (``srope --help`` stays fast).
 from srope._lazy import lazy_exports
 
 _EXPORTS = {
-    **{name: "srope.lab.tasks.common" for name in ("ModelRequest", "apply_overrides", "default_cache_dir", "parse_lengths")},
+    **{name: "srope.lab.tasks.common" for name in ("ModelRequest", "default_cache_dir", "parse_lengths")},
     **{name: "srope.lab.tasks.runner" for name in ("TASKS", "get_task", "report", "resolve_preset", "run_synthetic")},
 }
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

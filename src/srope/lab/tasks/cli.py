@@ -64,7 +64,6 @@ def synth_overrides(args: argparse.Namespace) -> dict[str, str]:
 
 def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     """Handle parsed ``srope synth`` arguments; ``model_factory(request) -> nn.Module``."""
-    from srope.lab.tasks.common import preset_dict
     from srope.lab.tasks.runner import get_task, presets_line, report, resolve_preset, run_synthetic
 
     if args.task == "report":
@@ -84,7 +83,7 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     if args.dry_run:
         settings = get_task(args.task).settings(cfg)
         print(presets_line(args.task))
-        print(json.dumps(preset_dict(cfg), indent=1))
+        print(json.dumps(cfg.to_dict(), indent=1))
         print(f"{len(settings)} settings x {len(cfg.lrs) * len(cfg.weight_decays) * len(cfg.seeds)} runs each:")
         for s in settings:
             print(f"  {s.name}  (vocab {s.vocab_size}, length {s.max_len})")

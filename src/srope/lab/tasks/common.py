@@ -6,12 +6,10 @@ Targets use ``IGNORE = -100`` for positions that carry no loss and no metric.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
 import os
-import typing
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from srope.lab.overrides import coerce, parse_literal
+from srope.lab.config import RunConfig
 from srope.lab.schedule import TASK_SCHEDULES
 
 IGNORE = -100
@@ -33,7 +31,7 @@ DATA_VERSION = 1  # bump when a generator's output changes; it is part of every 
 
 
 @dataclass
-class TaskConfig:
+class TaskConfig(RunConfig):
     """Optimiser, schedule, sweep and stopping rule; every task preset extends it.
 
     ``schedule``: ``"cosine_epoch"`` (cosine over epochs, stepped once per epoch, to
@@ -84,6 +82,17 @@ class TaskConfig:
     position_type: str = "selective_rope"
     position: dict = field(default_factory=dict)  # {position type: its keyword arguments}
 
+    def nested_overrides(self, changes: dict[str, Any], model: dict[str, Any], position: dict[str, Any]) -> dict[str, Any]:
+        """``model.KEY`` into the model dict, ``position.KEY`` into the options of the selected
+        encoding (``position[position_type]``); both pass through to the model factory, which checks them."""
+        out = super().nested_overrides(changes, model, {})
+        if position:
+            kind = changes.get("position_type", self.position_type)
+            table = {name: dict(kwargs) for name, kwargs in changes.get("position", self.position).items()}
+            table[kind] = {**table.get(kind, {}), **position}
+            out["position"] = table
+        return out
+
 
 SELECTS = ("final", "best")
 
@@ -110,47 +119,6 @@ def check_train_config(cfg: TaskConfig, auto_batch: bool = False) -> None:
         raise ValueError(f"checkpoint_every must be a positive number of steps, got {cfg.checkpoint_every!r}")
     if not 0.0 <= cfg.warmup < 1.0:
         raise ValueError(f"warmup is a fraction of the steps in [0, 1), got {cfg.warmup}")
-
-
-def apply_overrides(preset: Any, overrides: dict[str, Any] | None) -> Any:
-    """A copy of the dataclass ``preset`` with ``overrides`` applied (``{"lrs": "1e-3,5e-4"}``).
-
-    Values may be typed or strings (as from ``--set key=value``); strings are converted to
-    the field's type. ``model.KEY`` sets an entry of the model dict and ``position.KEY`` an
-    option of the selected position encoding (``position[position_type]``); both pass
-    through to the model factory, which checks them. Unknown keys raise ValueError listing
-    the valid ones.
-    """
-    if not overrides:
-        return dataclasses.replace(preset)
-    hints = typing.get_type_hints(type(preset))
-    names = [f.name for f in dataclasses.fields(preset)]
-    changes: dict[str, Any] = {}
-    nested: dict[str, dict] = {}
-    for key, value in overrides.items():
-        head, dot, rest = key.partition(".")
-        if dot and head in ("model", "position") and rest:
-            nested.setdefault(head, {})[rest] = parse_literal(value) if isinstance(value, str) else value
-            continue
-        if key not in hints or key not in names:
-            raise ValueError(f"unknown setting {key!r} for {type(preset).__name__}; valid: {', '.join(sorted(names))}, model.KEY, position.KEY")
-        try:
-            changes[key] = coerce(value, hints[key], key)
-        except (TypeError, ValueError, json.JSONDecodeError) as err:
-            raise ValueError(f"--set {key}={value!r}: {err}") from None
-    if "model" in nested:
-        changes["model"] = {**changes.get("model", preset.model), **nested["model"]}
-    if "position" in nested:
-        kind = changes.get("position_type", getattr(preset, "position_type", None))
-        table = {name: dict(kwargs) for name, kwargs in changes.get("position", preset.position).items()}
-        table[kind] = {**table.get(kind, {}), **nested["position"]}
-        changes["position"] = table
-    return dataclasses.replace(preset, **changes)
-
-
-def preset_dict(preset: Any) -> dict:
-    """The preset as plain JSON-able values."""
-    return json.loads(json.dumps(dataclasses.asdict(preset), default=list))
 
 
 def parse_lengths(spec: str | int | list | tuple) -> list[int]:

@@ -50,10 +50,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from srope.lab import provenance
-from srope.lab.loop import train_steps
+from srope.lab.loop import optimizer_step, train_steps
 from srope.lab.schedule import task_schedule
 from srope.lab.tasks import copying, mad, mqar, state_tracking
-from srope.lab.tasks.common import IGNORE, ModelRequest, Prepared, Setting, apply_overrides, default_cache_dir, preset_dict, rng_for
+from srope.lab.config import apply_overrides
+from srope.lab.tasks.common import IGNORE, ModelRequest, Prepared, Setting, default_cache_dir, rng_for
 from srope.lab.tasks.parallel import LocalControl
 from srope.lab.tasks.summary import summarize
 from srope.lab.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -167,6 +168,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             return logits_of(x.to(device)).argmax(-1).cpu()
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=weight_decay)
+    step_fn = optimizer_step(model, optimizer, loss_of, grad_clip=cfg.grad_clip)
     stream = prepared.train
     per_epoch = stream.steps_per_epoch
     total = per_epoch * cfg.epochs
@@ -240,7 +242,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         def lr_at(at: int) -> float:
             return task_schedule(cfg.schedule, lr, at, total, epoch=epoch, epochs=epochs, min_lr=cfg.min_lr, warmup=cfg.warmup)
 
-        ended = train_steps(model, optimizer, batches(), loss=loss_of, lr_at=lr_at, grad_clip=cfg.grad_clip, after=after)
+        ended = train_steps(batches(), step_fn, lr_at=lr_at, after=after)
         if ended == "control":
             bar.close()
             return None
@@ -369,7 +371,7 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
             if results is None:
                 results = {
                     "task": task, "preset": preset_name, "label": label or default_label(cfg), "mixer": cfg.mixer, "position_type": cfg.position_type,
-                    "overrides": {k: str(v) for k, v in (overrides or {}).items()}, "config": preset_dict(cfg),
+                    "overrides": {k: str(v) for k, v in (overrides or {}).items()}, "config": cfg.to_dict(),
                     "settings": [dataclasses.asdict(s) for s in module.settings(cfg)], **provenance.environment(dev), "complete": False, "runs": [], "provenance": [],
                 }  # fmt: skip
                 if jobs > 1:
@@ -402,7 +404,7 @@ def _previous_results(out: Path, task: str, preset_name: str, cfg, resume: bool)
         before = {"task": results["task"], "preset": results["preset"], **results["config"]}
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"--resume: {path} is not the results of a srope synth run ({type(error).__name__}: {error})") from None
-    now = {"task": task, "preset": preset_name, **preset_dict(cfg)}
+    now = {"task": task, "preset": preset_name, **cfg.to_dict()}
     changed = [f"{key} {before.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
                for key in dict.fromkeys([*before, *now]) if key not in RESUME_MAY_CHANGE and before.get(key) != now.get(key)]
     if changed:

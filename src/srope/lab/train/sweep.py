@@ -26,7 +26,6 @@ import dataclasses
 import json
 import math
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 from srope.lab.train.checkpoint import latest_checkpoint
@@ -65,15 +64,11 @@ def check_lrs(lrs) -> list[float]:
     return [float(lr) for lr in lrs]
 
 
-def _jsonable(config: TrainConfig) -> dict:
-    return json.loads(json.dumps(asdict(config)))
-
-
 def _check_same_settings(folder: Path, config: TrainConfig) -> None:
     file = folder / "train_config.json"
     if not file.is_file():
         return
-    saved, wanted = json.loads(file.read_text()), _jsonable(config)
+    saved, wanted = json.loads(file.read_text()), config.to_dict()
     differ = sorted(k for k in set(saved) | set(wanted) if k not in _NOT_COMPARED and saved.get(k) != wanted.get(k))
     if differ:
         details = ", ".join(f"{k}: {saved.get(k)!r} there, {wanted.get(k)!r} now" for k in differ)
@@ -141,7 +136,7 @@ def sweep_lr(config: TrainConfig, out: str | os.PathLike, lrs=PAPER_LRS, *, plot
     base = config.resolved()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"base_config": {k: v for k, v in _jsonable(base).items() if k != "lr"}, "lrs": lrs, "selection": "lowest final val_ppl", "runs": [], "chosen": None, "chosen_at_grid_edge": False}
+    summary = {"base_config": {k: v for k, v in base.to_dict().items() if k != "lr"}, "lrs": lrs, "selection": "lowest final val_ppl", "runs": [], "chosen": None, "chosen_at_grid_edge": False}
     for lr in lrs:
         record = run_one(dataclasses.replace(base, lr=lr), out / run_dir_name(lr))
         summary["runs"].append(record)

@@ -7,6 +7,8 @@ batch split into micro-batches, the summed token loss of each divided by the glo
 of targets (so the result is the same for any world size or micro-batch size), gradient
 clipping, a NaN/inf guard, AdamW, metrics; a checkpoint every ``checkpoint_every`` steps
 and at the end. ``--resume`` continues from ``DIR``'s latest checkpoint bitwise exactly.
+The steps run in the lab's loop (:func:`srope.lab.loop.train_steps`) with this module's step
+(micro-batches, DDP/FSDP2, the CUDA graph) and its metrics, evaluation and checkpoints after it.
 
 A planned stop writes a checkpoint first: ``stop_after`` (``--stop-after K``) and SIGTERM or
 SIGINT (preemption, Ctrl-C), which end the run after the step in progress. A run killed
@@ -25,7 +27,7 @@ import shutil
 import signal
 import time
 import typing
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +37,13 @@ from tqdm import tqdm
 from srope.lab import provenance
 from srope.models import PRESETS, SRopeForCausalLM, preset_config
 from srope.models.configuration import position_class
-from srope.lab.overrides import coerce, parse_assignments, parse_literal
+from srope.lab.config import RunConfig
+from srope.lab.overrides import coerce, parse_literal
 from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from srope.lab.train.data import PackedBatches, eval_batches, load_corpus
 from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
 from srope.lab.train.graphed import GraphCaptureError, StepGraph
+from srope.lab.loop import set_learning_rate, train_steps
 from srope.lab.schedule import warmup_cosine
 from srope.lab.train.optim import build_optimizer
 from srope.lab.train.stops import StopRequested, StopSignals
@@ -49,7 +53,7 @@ RESUME_MAY_CHANGE = {"checkpoint_every", "log_every", "eval_every", "tensorboard
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(RunConfig):
     """Everything a run depends on. ``None`` sizes come from the preset's training defaults."""
 
     preset: str = "gla-tiny"
@@ -115,38 +119,33 @@ class TrainConfig:
             raise ValueError(f"micro_batch_size must be a positive integer, got {out.micro_batch_size!r}")
         return out
 
+    def coerce_field(self, key: str, value, annotation):
+        """``model=`` takes a JSON object of SRopeConfig fields (merged into the run's),
+        ``position=`` a type name or a JSON object ``{"type": ..., options}``."""
+        if key == "model":
+            parsed = parse_literal(value) if isinstance(value, str) else value
+            if not isinstance(parsed, dict):
+                raise ValueError(f"--set model=... takes a JSON object of SRopeConfig fields, got {value!r}")
+            return {**self.model, **{name: _model_value(name, v) for name, v in parsed.items()}}
+        if key == "position":
+            parsed = parse_literal(value) if isinstance(value, str) else value
+            return _position_values(dict(parsed) if isinstance(parsed, dict) else {"type": parsed})
+        return super().coerce_field(key, value, annotation)
+
+    def nested_overrides(self, changes: dict, model: dict, position: dict) -> dict:
+        """``model.FIELD`` is an SRopeConfig field, ``position.OPTION`` an option of the
+        run's encoding; each is converted to the type its class annotates."""
+        out = {}
+        if model:
+            out["model"] = {**changes.get("model", self.model), **{name: _model_value(name, v) for name, v in model.items()}}
+        if position:
+            base = changes.get("position", self.position)
+            out["position"] = _position_values({**({"type": base} if isinstance(base, str) else base), **position})
+        return out
+
     def model_config(self, vocab_size: int):
         """The run's ``SRopeConfig`` (a bad model or position option raises here)."""
         return preset_config(self.preset, position=self.position, **{"vocab_size": vocab_size, **self.model})
-
-
-def apply_overrides(config: TrainConfig, pairs: list[str]) -> TrainConfig:
-    """``key=value`` overrides: a TrainConfig field, ``model.FIELD`` (SRopeConfig) or
-    ``position.OPTION``. Each value is converted to the field's type (``lr=fast`` is an
-    error here, not inside the optimiser); ``model=`` and ``position=`` take JSON."""
-    hints = typing.get_type_hints(TrainConfig)
-    updates, model, position = {}, dict(config.model), None
-    for key, raw in parse_assignments(pairs).items():
-        if key == "model":
-            value = parse_literal(raw)
-            if not isinstance(value, dict):
-                raise ValueError(f"--set model=... takes a JSON object of SRopeConfig fields, got {raw!r}")
-            model.update({name: _model_value(name, v) for name, v in value.items()})
-        elif key.startswith("model."):
-            model[key[6:]] = _model_value(key[6:], raw)
-        elif key == "position":
-            position = parse_literal(raw)
-            position = dict(position) if isinstance(position, dict) else {"type": position}
-        elif key.startswith("position."):
-            position = position or ({"type": config.position} if isinstance(config.position, str) else dict(config.position))
-            position[key[9:]] = parse_literal(raw)
-        elif key in hints and key != "model":
-            updates[key] = coerce(raw, hints[key], key)
-        else:
-            raise ValueError(f"unknown setting {key!r}; expected a TrainConfig field {sorted(hints)}, model.FIELD or position.OPTION")
-    if position is not None:
-        updates["position"] = _position_values(position)
-    return dataclasses.replace(config, **updates, model=model)
 
 
 def _model_value(name: str, value):
@@ -282,8 +281,7 @@ def _eager_step(model, optimizer, params, parts, lr: float, targets: torch.Tenso
     """Forward and backward of every micro-batch, then clipping; returns the summed token
     loss of this rank and the gradient norm (the caller checks both, then steps). With
     ``flat`` (DDP without its wrapper) the ranks' gradients are averaged here."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    set_learning_rate(optimizer, lr)
     loss_sum = torch.zeros((), dtype=torch.float64, device=world.device)
     if flat is not None:
         flat.attach()
@@ -407,7 +405,7 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         latest = latest_checkpoint(out)
         with phases("checkpoint"):
             state = load_checkpoint(latest, model, optimizer, world)
-        changed = {k: (v, asdict(config)[k]) for k, v in state["config"].items() if k not in RESUME_MAY_CHANGE and asdict(config).get(k) != v}
+        changed = {k: (v, config.to_dict()[k]) for k, v in state["config"].items() if k not in RESUME_MAY_CHANGE and config.to_dict().get(k) != v}
         if changed:
             raise ValueError(f"--resume: settings differ from the run's: {changed} (started with, now); resume with the same settings")
         loader.load_state_dict(state["data"])
@@ -418,83 +416,98 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         say(f"resume from {latest} (step {start})")
     if world.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "train_config.json").write_text(json.dumps(asdict(config), indent=2))
+        (out / "train_config.json").write_text(json.dumps(config.to_dict(), indent=2))
     log = MetricsLog(out, world, config.tensorboard, start)
     params = [p for p in model.parameters() if p.requires_grad]
     flat = FlatGradients(params) if flat_gradients else None
     last = config.max_steps if stop_after is None else min(stop_after, config.max_steps)
     metrics: dict = {}
     saved_at = start
-    step_graph = None
 
     def checkpoint(step: int) -> float:
         nonlocal saved_at
         began = time.perf_counter()
         with phases("checkpoint"):
-            save_checkpoint(out, step, model, optimizer, {"config": asdict(config), "data": loader.state_dict()}, world)
+            save_checkpoint(out, step, model, optimizer, {"config": config.to_dict(), "data": loader.state_dict()}, world)
         saved_at = step
         return time.perf_counter() - began
 
+    clock = {"began": 0.0}
+    graph = {"step": None, "on": graphed}
+
+    def batches():
+        for step in range(start, last):
+            clock["began"] = time.perf_counter()
+            yield step, next(loader)
+
+    def lm_step(step: int, lr: float, batch) -> tuple[float, float, float]:
+        """One optimiser step on this rank's share of the global batch: (loss, gradient norm, targets)."""
+        targets = world.sum(batch.num_targets)
+        parts = batch.split(micro)
+        result = None
+        if graph["on"]:
+            if graph["step"] is None:
+                graph["step"] = StepGraph(
+                    model, optimizer, params, loss_sum=lambda ids, labels: summed_loss(model, ids, labels, None, autocast),
+                    parts=len(parts), micro=micro, seq_len=config.seq_len, grad_clip=config.grad_clip, targets=batch.num_targets,
+                    world=world, flat_gradients=flat, global_targets=int(targets),
+                )  # fmt: skip
+            try:
+                result = graph["step"].step(parts, lr)
+            except GraphCaptureError as error:
+                if config.cuda_graph == "on":
+                    raise
+                graph["on"] = False
+                tqdm.write(f"warning: {error}; training on without a CUDA graph (--set cuda_graph=off skips the attempt)")
+        if result is None:
+            result = _eager_step(model, optimizer, params, parts, lr, targets, world, autocast, config.grad_clip, flat)
+        loss_sum, grad_norm = result
+        loss = float(world.sum(loss_sum) / targets)
+        _check_finite(loss, float(grad_norm), step, out)
+        if not graph["on"]:  # the graph applies the update itself, before the check
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return loss, float(grad_norm), float(targets)
+
+    def after(step: int, result: tuple[float, float, float]) -> None:
+        nonlocal metrics
+        loss, grad_norm, targets = result
+        elapsed = time.perf_counter() - clock["began"]
+        phases.seconds["steps"] = phases.seconds.get("steps", 0.0) + elapsed
+        progress["steps"] += 1
+        done = step + 1
+        metrics = {"step": done, "loss": loss, "lr": lr_at(step), "grad_norm": grad_norm, "tokens_per_s": targets / elapsed, "step_s": elapsed}
+        if world.device.type == "cuda":
+            metrics["peak_gib"] = torch.cuda.max_memory_allocated(world.device) / 2**30
+        if (config.eval_every and done % config.eval_every == 0) or done == config.max_steps:
+            began = time.perf_counter()
+            with phases("eval"):
+                metrics |= evaluate(model, corpus.val, config, world, autocast)
+            metrics["eval_s"] = time.perf_counter() - began
+        if done % config.checkpoint_every == 0 or done == config.max_steps:
+            metrics["checkpoint_s"] = checkpoint(done)
+        if done % config.log_every == 0 or "val_loss" in metrics:
+            log.write(metrics)
+        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+        bar.update(1)
+        requested = stop.signum is not None
+        if world.distributed:
+            requested = bool(world.sum(float(requested)) > 0)  # every rank stops at the same step
+        if requested and done < config.max_steps:
+            if saved_at != done:
+                checkpoint(done)
+            log.close()
+            signum = stop.signum or signal.SIGTERM
+            message = f"stopped by {signal.Signals(signum).name} after step {done}: checkpoint {latest_checkpoint(out)}; continue with --resume"
+            say(message)
+            raise StopRequested(signum, message)
+
+    def lr_at(step: int) -> float:
+        return warmup_cosine(step, total=config.max_steps, peak=config.lr, start=config.lr_start, end=config.lr_end, warmup=config.warmup)
+
     model.train()
     with StopSignals(say) as stop, tqdm(total=config.max_steps, initial=start, disable=not (verbose and world.is_main), unit="step", dynamic_ncols=True) as bar:
-        for step in range(start, last):
-            began = time.perf_counter()
-            lr = warmup_cosine(step, total=config.max_steps, peak=config.lr, start=config.lr_start, end=config.lr_end, warmup=config.warmup)
-            batch = next(loader)
-            targets = world.sum(batch.num_targets)
-            parts = batch.split(micro)
-            result = None
-            if graphed:
-                if step_graph is None:
-                    step_graph = StepGraph(
-                        model, optimizer, params, loss_sum=lambda ids, labels: summed_loss(model, ids, labels, None, autocast),
-                        parts=len(parts), micro=micro, seq_len=config.seq_len, grad_clip=config.grad_clip, targets=batch.num_targets,
-                        world=world, flat_gradients=flat, global_targets=int(targets),
-                    )  # fmt: skip
-                try:
-                    result = step_graph.step(parts, lr)
-                except GraphCaptureError as error:
-                    if config.cuda_graph == "on":
-                        raise
-                    graphed = False
-                    tqdm.write(f"warning: {error}; training on without a CUDA graph (--set cuda_graph=off skips the attempt)")
-            if result is None:
-                result = _eager_step(model, optimizer, params, parts, lr, targets, world, autocast, config.grad_clip, flat)
-            loss_sum, grad_norm = result
-            loss = float(world.sum(loss_sum) / targets)
-            _check_finite(loss, float(grad_norm), step, out)
-            if not graphed:  # the graph applies the update itself, before the check
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            elapsed = time.perf_counter() - began
-            phases.seconds["steps"] = phases.seconds.get("steps", 0.0) + elapsed
-            progress["steps"] += 1
-            done = step + 1
-            metrics = {"step": done, "loss": loss, "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": float(targets) / elapsed, "step_s": elapsed}
-            if world.device.type == "cuda":
-                metrics["peak_gib"] = torch.cuda.max_memory_allocated(world.device) / 2**30
-            if (config.eval_every and done % config.eval_every == 0) or done == config.max_steps:
-                began = time.perf_counter()
-                with phases("eval"):
-                    metrics |= evaluate(model, corpus.val, config, world, autocast)
-                metrics["eval_s"] = time.perf_counter() - began
-            if done % config.checkpoint_every == 0 or done == config.max_steps:
-                metrics["checkpoint_s"] = checkpoint(done)
-            if done % config.log_every == 0 or "val_loss" in metrics:
-                log.write(metrics)
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
-            bar.update(1)
-            requested = stop.signum is not None
-            if world.distributed:
-                requested = bool(world.sum(float(requested)) > 0)  # every rank stops at the same step
-            if requested and done < config.max_steps:
-                if saved_at != done:
-                    checkpoint(done)
-                log.close()
-                signum = stop.signum or signal.SIGTERM
-                message = f"stopped by {signal.Signals(signum).name} after step {done}: checkpoint {latest_checkpoint(out)}; continue with --resume"
-                say(message)
-                raise StopRequested(signum, message)
+        train_steps(batches(), lm_step, lr_at=lr_at, after=after)
     if last < config.max_steps:
         if saved_at != last:
             checkpoint(last)
@@ -515,7 +528,7 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
     if world.is_main:
         summary = {
             "provenance": provenance.record(seeds=[config.seed], device=str(world.device), world_size=world.size, wall_s=round(sum(phases.seconds.values()), 3)),
-            "complete": last == config.max_steps, "steps_run": [start, last], "config": asdict(config), "metrics": metrics,
+            "complete": last == config.max_steps, "steps_run": [start, last], "config": config.to_dict(), "metrics": metrics,
         }  # fmt: skip
         (out / "run.json").write_text(json.dumps(summary, indent=2))
     return metrics
