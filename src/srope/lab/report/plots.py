@@ -11,6 +11,7 @@ from srope.lab.report import paper
 from srope.lab.report.build import PAPER_MQAR, Page, Row, _by_group, _mqar_points
 
 COLORS = {"NoPE": "tab:gray", "RoPE": "tab:blue", "Selective RoPE": "tab:red"}
+OTHER_COLORS = ("tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")  # none of COLORS
 
 
 def _pyplot():
@@ -47,19 +48,25 @@ def _seeds(n: int) -> str:
     return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
-def _color(row: Row, index: int) -> str | None:
-    return COLORS.get(row.paper_row or "") if (row.paper_row in COLORS and "(" not in row.label) else f"C{(index + 3) % 10}"
+def _colors(rows: list[Row]) -> list[str]:
+    """One colour per row: the encoding's own for the first plain row of each encoding, a
+    palette colour for the others (a second variant of an encoding must not look like the first)."""
+    out, others = [], iter(OTHER_COLORS * (1 + len(rows) // len(OTHER_COLORS)))
+    for row in rows:
+        own = COLORS.get(row.paper_row or "") if "(" not in row.label else None
+        out.append(own if own is not None and own not in out else next(others))
+    return out
 
 
 def _curves(ax, group: list[Row], name: str) -> None:
-    for i, row in enumerate(group):
+    for row, color in zip(group, _colors(group)):
         curves = [r.curves[name] for r in row.runs if name in r.curves and r.curves[name][0]]
         if not curves:
             continue
         x = list(curves[0][0])
         ys = [list(c[1]) for c in curves if list(c[0]) == x]
         mean = [sum(v) / len(v) for v in zip(*ys)]
-        line = ax.plot(x, mean, label=f"{row.label} ({_seeds(len(ys))})", color=_color(row, i), linewidth=1.4)[0]
+        line = ax.plot(x, mean, label=f"{row.label} ({_seeds(len(ys))})", color=color, linewidth=1.4)[0]
         if len(ys) > 1:
             ax.fill_between(x, [min(v) for v in zip(*ys)], [max(v) for v in zip(*ys)], color=line.get_color(), alpha=0.15)
     if group[0].train_len:
@@ -103,11 +110,11 @@ def _mqar(rows: list[Row]):
         return None
     plt, fig, axes = _grid(len(groups))
     for ax, group in zip(axes, groups):
-        for i, row in enumerate(group):
+        for row, color in zip(group, _colors(group)):
             points = _mqar_points(row).get(PAPER_MQAR, {})
             widths = sorted(points)
             ax.errorbar(widths, [points[w][0] for w in widths], yerr=[points[w][1] or 0.0 for w in widths], marker="o", capsize=3,
-                        label=f"{row.label} ({_seeds(len(row.runs))})", color=_color(row, i))
+                        label=f"{row.label} ({_seeds(len(row.runs))})", color=color)
         ax.set(xscale="log", xlabel="model dimension", ylabel="accuracy", ylim=(-0.02, 1.02), title=_title(f"seq 512, 64 KV pairs: {group[0].title}"))
         ax.legend(fontsize=6)
         _claim(ax, paper.MQAR)
@@ -133,10 +140,10 @@ def _mad(rows: list[Row]):
     columns = [*paper.MAD_TASK_ORDER, "average"]
     for ax, group in zip(axes, groups):
         width = 0.8 / max(1, len(group))
-        for i, row in enumerate(group):
+        for i, (row, color) in enumerate(zip(group, _colors(group))):
             xs = [j + (i - (len(group) - 1) / 2) * width for j in range(len(columns))]
             ours = [100 * (row.mean(c) if row.mean(c) is not None else float("nan")) for c in columns]
-            ax.bar(xs, ours, width=width, label=f"{row.label} (ours)", color=_color(row, i), alpha=0.8)
+            ax.bar(xs, ours, width=width, label=f"{row.label} (ours)", color=color, alpha=0.8)
             if row.paper_row:
                 theirs = [paper.MAD.value(row.paper_row, c).value for c in columns]
                 ax.scatter(xs, theirs, marker="_", s=120, color="black", zorder=3, label="paper (Table 1)" if i == 0 else None)
@@ -154,7 +161,7 @@ def _lm(rows: list[Row]):
     for ax, group in zip(axes, groups):
         shown = [r for r in group if r.stat("val_ppl")]
         stats = [r.stat("val_ppl") for r in shown]
-        ax.bar(range(len(shown)), [s[0] for s in stats], yerr=[s[1] or 0.0 for s in stats], capsize=3, color=[_color(r, i) for i, r in enumerate(shown)])
+        ax.bar(range(len(shown)), [s[0] for s in stats], yerr=[s[1] or 0.0 for s in stats], capsize=3, color=_colors(shown))
         ax.set_xticks(range(len(shown)), [textwrap.fill(r.label, 16) for r in shown], fontsize=6)
         low = min(s[0] for s in stats)
         ax.set(ylabel="held-out perplexity (ours)", ylim=(0.9 * low, 1.05 * max(s[0] for s in stats)), title=_title(group[0].title))
