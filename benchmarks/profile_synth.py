@@ -4,7 +4,8 @@ would make the paper's protocols cheaper.
 For each configuration, the model ``srope synth`` builds for it, one batch of the task's real
 shape drawn by the task itself, and the runner's step (bf16 autocast on CUDA, cross-entropy
 over the vocabulary, AdamW): the batch's host time, the step's wall time (median of
-``--steps``, synchronised), its GPU kernel time and the top kernels. ``--pieces`` runs each
+``--steps``, synchronised), on CUDA also as a CUDA graph (``--set cuda_graph=on``), its GPU
+kernel time and the top kernels. ``--pieces`` runs each
 configuration with the host's norms and SwiGLU from fla (``auto``, the default path) and from
 PyTorch (``torch``), side by side in one process.
 
@@ -24,6 +25,8 @@ from benchmarks.bench_op import kernel_time
 from benchmarks.common import environment, write_json
 from srope.lab import provenance
 from srope.lab.cli import srope_model_factory
+from srope.lab.graphed import graphed_optimizer_step
+from srope.lab.loop import optimizer_step
 from srope.layers.common import RMSNorm
 from srope.models.modeling import SwiGLU
 from srope.lab.tasks.common import IGNORE, rng_for
@@ -39,6 +42,22 @@ CONFIGS = {  # name: (task, preset, overrides), as experiments/gpu.sh runs them
     "mqar-512x64-d512-srope": ("mqar", "zoology", {"configs": "512x64", "d_models": "512", "position_type": "selective_rope"}),
 }
 SMALL_TRAIN_SET = {"state_tracking": "train_size", "mqar": "train_examples"}  # one batch is drawn: no need for the whole set
+
+
+def median_ms(step, steps: int, device: torch.device, warmup: int = 2) -> float:
+    """Median wall milliseconds of ``step`` over ``steps`` calls after ``warmup`` (compile, autotune)."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return round(float(np.median(times)), 2)
 
 
 def step_profile(task: str, preset: str, overrides: dict, device: torch.device, steps: int, batch: int | None, pieces: str) -> dict:
@@ -63,28 +82,22 @@ def step_profile(task: str, preset: str, overrides: dict, device: torch.device, 
     x, y = torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
     vocab = setting.vocab_size
 
-    def step():
+    def loss(x, y):
         with _autocast(device):
             logits = as_logits(model(x))[..., :vocab]
-        loss = F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        return F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE)
 
-    step()
-    step()  # compile, autotune
-    times = []
-    for _ in range(steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t) * 1e3)
+    eager = optimizer_step(model, optimizer, loss)
+
+    def step():
+        eager(0, 1e-4, x, y)
+
     out = {"batch": list(x.shape), "parameters": sum(p.numel() for p in model.parameters()), "host_batch_ms": round(host_ms, 2),
-           "step_ms": round(float(np.median(times)), 2), "tokens_per_s": round(x.numel() / float(np.median(times)) * 1e3)}
-    if device.type == "cuda":
+           "step_ms": median_ms(step, steps, device)}
+    out["tokens_per_s"] = round(x.numel() / out["step_ms"] * 1e3)
+    if device.type == "cuda":  # the runner's step with --set cuda_graph=on
+        graphed = graphed_optimizer_step(model, optimizer, loss, strict=True)
+        out["graph_step_ms"] = median_ms(lambda: graphed(0, 1e-4, x, y), steps, device, warmup=3)  # two eager, then the capture
         timing = kernel_time(step, repeats=3)
         out["kernel_ms"] = round(timing["kernel_ms"], 2)
         top: dict[str, float] = {}

@@ -1,8 +1,9 @@
 """The lab's training loop (srope.lab.loop): the plain step is what a hand-written AdamW step is."""
 
+import pytest
 import torch
 
-from srope.lab.loop import optimizer_step, train_steps
+from srope.lab.loop import optimizer_step, set_learning_rate, train_steps
 
 
 def _model_and_data(seed=0):
@@ -53,3 +54,21 @@ def test_the_step_gets_the_step_index_the_learning_rate_and_the_batch():
     result = train_steps([(3, "a", "b"), (4, "c")], lambda step, lr, *batch: calls.append((step, lr, batch)), lr_at=lambda step: step / 10,
                          after=lambda step, value: value)
     assert result is None and calls == [(3, 0.3, ("a", "b")), (4, 0.4, ("c",))]
+
+
+def test_a_learning_rate_held_in_a_tensor_is_filled_in_place():
+    """A captured step reads the learning rate from the group's tensor: it must stay the same tensor."""
+    model, _ = _model_and_data()
+    optimizer = torch.optim.AdamW([{"params": model[0].parameters(), "lr_scale": 0.5}, {"params": model[2].parameters()}], lr=1.0)
+    held = optimizer.param_groups[0]["lr"] = torch.tensor(1.0)
+    set_learning_rate(optimizer, 0.25)
+    assert optimizer.param_groups[0]["lr"] is held and float(held) == 0.125 and optimizer.param_groups[1]["lr"] == 0.25
+
+
+def test_a_captured_step_needs_cuda():
+    from srope.lab.graphed import graphed_optimizer_step
+
+    model, data = _model_and_data()
+    step = graphed_optimizer_step(model, torch.optim.AdamW(model.parameters()), lambda x, y: model(x).square().mean())
+    with pytest.raises(ValueError, match="CUDA"):
+        step(0, 0.1, data[0][1], data[0][2])

@@ -47,9 +47,14 @@ def train_steps(
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Every parameter group's learning rate: ``lr`` times the group's ``lr_scale`` (1 if none)."""
+    """Every parameter group's learning rate: ``lr`` times the group's ``lr_scale`` (1 if none),
+    filled into the group's tensor where a captured step holds it in one."""
     for group in optimizer.param_groups:
-        group["lr"] = lr * group.get("lr_scale", 1.0)
+        value = lr * group.get("lr_scale", 1.0)
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(value)
+        else:
+            group["lr"] = value
 
 
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss: Callable[..., torch.Tensor], *, grad_clip: float | None = None) -> StepFn:

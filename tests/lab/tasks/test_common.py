@@ -128,3 +128,18 @@ def test_macro_accuracy_on_random_data_against_a_loop():
             continue
         recalls.append(sum(1 for x, y in zip(p, t) if x == y == c) / support if support else 0.0)
     assert macro_accuracy(preds, targets, 6) == pytest.approx(sum(recalls) / len(recalls))
+
+
+def test_cuda_graph_is_checked_and_on_needs_cuda(tmp_path):
+    from srope.lab.tasks.common import check_train_config
+
+    with pytest.raises(ValueError, match="cuda_graph must be"):
+        check_train_config(apply_overrides(ST_PRESETS["authors"], {"cuda_graph": "yes"}))
+    if not torch.cuda.is_available():
+        from srope.lab.tasks import run_synthetic
+        from tests.lab.tasks.standin import gru_factory
+
+        with pytest.raises(ValueError, match="cuda_graph='on' needs a CUDA device"):
+            run_synthetic("state_tracking", gru_factory, out=tmp_path / "run", overrides={"train_size": 16, "eval_size": 8, "train_len": 4, "eval_len": 6, "cuda_graph": "on",
+                          "model.hidden_size": 8}, cache_dir=None, progress=False, plot=False)  # fmt: skip
+        assert not (tmp_path / "run").exists()  # refused before anything is written

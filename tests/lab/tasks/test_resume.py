@@ -201,3 +201,17 @@ def test_refusals(tmp_path):
         _parse(["mqar", "--jobs", "0"])
     args = _parse(["mqar", "--jobs", "3", "--stop-after-steps", "5", "--resume"])
     assert (args.jobs, args.stop_after_steps, args.resume) == (3, 5, True)
+
+
+def test_a_run_started_before_a_setting_existed_resumes_with_its_default(tmp_path):
+    """A results.json without a setting added since (here cuda_graph) ran as its default:
+    resuming with the default goes on, with another value is refused."""
+    overrides = {**SMOKE["state_tracking"], "model.hidden_size": 8, "seeds": "0"}
+    run_synthetic("state_tracking", gru_factory, out=tmp_path, overrides=overrides, cache_dir=None, progress=False, plot=False, stop_after_steps=1)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    del saved["config"]["cuda_graph"]
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="cuda_graph 'off' -> 'auto'"):
+        run_synthetic("state_tracking", gru_factory, out=tmp_path, overrides={**overrides, "cuda_graph": "auto"}, cache_dir=None, progress=False,
+                      plot=False, resume=True)  # fmt: skip
+    assert run_synthetic("state_tracking", gru_factory, out=tmp_path, overrides=overrides, cache_dir=None, progress=False, plot=False, resume=True)["complete"]

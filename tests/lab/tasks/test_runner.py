@@ -262,3 +262,28 @@ def test_runner_on_cuda_uses_bf16_autocast(tmp_path):
     assert results["device"].startswith("cuda") and results["device_name"]
     assert ("cuda", torch.bfloat16) in seen and all(device == "cuda" for device, _ in seen)
     assert (tmp_path / "results.png").exists() and results["runs"][0]["score"] >= 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_cuda_graph_step_trains_as_the_eager_step(tmp_path):
+    """cuda_graph='on' (the step captured after two eager warm-up steps and replayed; the
+    epoch's last, smaller batch eager) against 'off', the real model (GLA + Selective RoPE)."""
+    models = {}
+
+    def factory(tag):
+        def make(request):
+            models[tag] = srope_model_factory(request)
+            return models[tag]
+
+        return make
+
+    overrides = {**SMOKE["state_tracking"], "train_size": 200, "batch_size": 64, "epochs": 3, "seeds": "0", "lrs": "3e-3", "model.hidden_size": 32,
+                 "model.num_heads": 2, "model.num_hidden_layers": 1, "mixer": "gla", "position_type": "selective_rope"}  # fmt: skip
+    runs = {tag: run_synthetic("state_tracking", factory(tag), out=tmp_path / tag, overrides={**overrides, "cuda_graph": tag}, device="cuda",
+                               cache_dir=None, progress=False, plot=False)["runs"][0] for tag in ("off", "on")}  # fmt: skip
+    assert runs["on"]["steps"] == runs["off"]["steps"] == 12  # 4 a epoch: 3 of 64 rows, then 8
+    losses = [[h["train_loss"] for h in runs[tag]["history"]] for tag in ("off", "on")]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4), losses
+    for (name, a), b in zip(models["off"].named_parameters(), models["on"].parameters()):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-5), name

@@ -50,6 +50,11 @@ class TaskConfig(RunConfig):
     finished run's weights (``DIR/runs/NAME/model.safetensors``). Neither changes a number,
     so a resumed sweep may change them.
 
+    ``cuda_graph``: on CUDA the training step (forward, loss, backward, clipping, AdamW) can be
+    captured once and replayed (:func:`srope.lab.graphed.graphed_optimizer_step`), which takes
+    the host out of a small model's step; an epoch's last, smaller batch runs eagerly. Off by
+    default until it has been checked against the eager step on the GPU for every task.
+
     Model: ``mixer`` and ``model`` (HF-style config entries) go to the model factory with
     ``{"type": position_type, **position[position_type]}`` as the position encoding; the
     presets carry the authors' position-encoding options for each type.
@@ -77,6 +82,7 @@ class TaskConfig(RunConfig):
     # synthetic model (copying: 4 layers of 512, 14.9M parameters, with AdamW's moments) is 180 MB.
     checkpoint_every: int = 200
     save_weights: bool = False
+    cuda_graph: str = "off"  # "auto": the training step as a CUDA graph on CUDA; "on": that or an error; "off"
     mixer: str = "gla"
     model: dict = field(default_factory=dict)
     position_type: str = "selective_rope"
@@ -117,6 +123,8 @@ def check_train_config(cfg: TaskConfig, auto_batch: bool = False) -> None:
         raise ValueError(f"max_seconds must be > 0 or None, got {cfg.max_seconds}")
     if isinstance(cfg.checkpoint_every, bool) or not isinstance(cfg.checkpoint_every, int) or cfg.checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be a positive number of steps, got {cfg.checkpoint_every!r}")
+    if cfg.cuda_graph not in ("auto", "on", "off"):
+        raise ValueError(f"cuda_graph must be 'auto', 'on' or 'off', got {cfg.cuda_graph!r}")
     if not 0.0 <= cfg.warmup < 1.0:
         raise ValueError(f"warmup is a fraction of the steps in [0, 1), got {cfg.warmup}")
 

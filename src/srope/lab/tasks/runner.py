@@ -50,6 +50,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from srope.lab import provenance
+from srope.lab.graphed import graphed_optimizer_step
 from srope.lab.loop import optimizer_step, train_steps
 from srope.lab.schedule import task_schedule
 from srope.lab.tasks import copying, mad, mqar, state_tracking
@@ -116,8 +117,8 @@ def as_logits(output: Any) -> torch.Tensor:
 
 
 def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    if device.type == "cuda":  # no weight-cast cache: the same casts, and a CUDA graph capture needs none
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
     return torch.autocast(device.type, enabled=False)
 
 
@@ -168,7 +169,10 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             return logits_of(x.to(device)).argmax(-1).cpu()
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=weight_decay)
-    step_fn = optimizer_step(model, optimizer, loss_of, grad_clip=cfg.grad_clip)
+    if cfg.cuda_graph != "off" and device.type == "cuda":
+        step_fn = graphed_optimizer_step(model, optimizer, loss_of, grad_clip=cfg.grad_clip, strict=cfg.cuda_graph == "on")
+    else:
+        step_fn = optimizer_step(model, optimizer, loss_of, grad_clip=cfg.grad_clip)
     stream = prepared.train
     per_epoch = stream.steps_per_epoch
     total = per_epoch * cfg.epochs
@@ -353,6 +357,8 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for but no CUDA GPU is visible")
+    if cfg.cuda_graph == "on" and dev.type != "cuda":
+        raise ValueError(f"cuda_graph='on' needs a CUDA device, got {dev}")
     if jobs > 1:
         from srope.lab.tasks.parallel import check_picklable
 
@@ -405,6 +411,8 @@ def _previous_results(out: Path, task: str, preset_name: str, cfg, resume: bool)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"--resume: {path} is not the results of a srope synth run ({type(error).__name__}: {error})") from None
     now = {"task": task, "preset": preset_name, **cfg.to_dict()}
+    # a setting added after the run started ran as its default
+    before = {**{f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}, **before}
     changed = [f"{key} {before.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
                for key in dict.fromkeys([*before, *now]) if key not in RESUME_MAY_CHANGE and before.get(key) != now.get(key)]
     if changed:

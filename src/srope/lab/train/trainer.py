@@ -42,7 +42,7 @@ from srope.lab.overrides import coerce, parse_literal
 from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from srope.lab.train.data import PackedBatches, eval_batches, load_corpus
 from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
-from srope.lab.train.graphed import GraphCaptureError, StepGraph
+from srope.lab.graphed import GraphCaptureError, StepGraph
 from srope.lab.loop import set_learning_rate, train_steps
 from srope.lab.schedule import warmup_cosine
 from srope.lab.train.optim import build_optimizer
@@ -323,7 +323,7 @@ def _check_data(corpus, config: TrainConfig, world: World) -> None:
 
 
 def _use_cuda_graph(config: TrainConfig, world: World) -> bool:
-    """Whether the step runs as a CUDA graph (see :mod:`srope.lab.train.graphed`)."""
+    """Whether the step runs as a CUDA graph (see :mod:`srope.lab.graphed`)."""
     reasons = [
         reason
         for reason, applies in (
