@@ -7,7 +7,10 @@
   and under bf16 autocast, with the three parameters of largest error (small, cancelling
   gradients such as the phase generator's amplify kernel rounding); a packed batch
   (``cu_seqlens``, 3 documents, one of a single token) against the documents one by one;
-  prefill + cached token-by-token decoding against the full forward;
+  prefill + cached token-by-token decoding against the full forward. The bf16 errors are
+  bounded by the larger of 3e-2 and twice the error of the CPU's own bf16 autocast run
+  (``cpu_bf16_*``) against the same float32 reference: bf16 rounding alone exceeds 3e-2
+  in the gradients of some models;
 * the graph step equals the eager step (``cuda_graph=off``): losses and final weights of a
   few steps of ``train()`` on the same data;
 * a graph-mode run stopped and resumed equals the uninterrupted graph-mode run (bitwise);
@@ -140,6 +143,7 @@ GEOMETRY = {
 }
 MODEL_POSITIONS = {"nope": "nope", "rope": {"type": "rope", "theta": 500000.0}, "selective_rope": {"type": "selective_rope", "bias": True}}
 TOL_FP32, TOL_BF16 = 5e-3, 3e-2  # relative RMS errors against the CPU
+BF16_VS_CPU = 2.0  # the GPU's bf16 error may be this many times the CPU's own bf16 error
 
 
 def err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -196,7 +200,16 @@ def models(mixer: str, position: str) -> dict:
             cache = getattr(step, CACHE_FIELD)
             parts.append(step.logits)
         out["decode_vs_full"] = err(torch.cat(parts, 1), full)
-    limits = {"fp32_logits": TOL_FP32, "fp32_grads": TOL_FP32, "bf16_logits": TOL_BF16, "bf16_grads": TOL_BF16, "packed_vs_separate": TOL_FP32, "decode_vs_full": TOL_FP32}
+    # bf16's own rounding: the CPU's PyTorch paths under bf16 autocast against the same float32
+    # reference; the GPU's bf16 may be up to twice as far off (its kernels round elsewhere)
+    cpu_logits, cpu_grads = forward_backward(cpu_model, ids, torch.autocast("cpu", dtype=torch.bfloat16))
+    out["cpu_bf16_logits"] = err(cpu_logits, ref_logits)
+    out["cpu_bf16_grads"] = err(torch.cat([cpu_grads[n].flatten() for n in ref_grads]), torch.cat([ref_grads[n].flatten() for n in ref_grads]))
+    bf16_logits = max(TOL_BF16, BF16_VS_CPU * out["cpu_bf16_logits"])
+    bf16_grads = max(TOL_BF16, BF16_VS_CPU * out["cpu_bf16_grads"])
+    limits = {"fp32_logits": TOL_FP32, "fp32_grads": TOL_FP32, "bf16_logits": bf16_logits, "bf16_grads": bf16_grads, "packed_vs_separate": TOL_FP32,
+              "decode_vs_full": TOL_FP32}  # fmt: skip
+    out["bounds"] = limits
     out["models_passed"] = all(out[k] <= v for k, v in limits.items() if k in out)  # NaN fails
     return out
 

@@ -13,8 +13,6 @@ from srope.lab.tasks.common import (
     ClassCounts,
     cached_arrays,
     default_cache_dir,
-    macro_accuracy,
-    masked_accuracy,
     parse_lengths,
     rng_for,
 )
@@ -87,22 +85,14 @@ def test_cache_round_trip(tmp_path, monkeypatch):
     assert default_cache_dir().parts[-2:] == (".cache", "srope")
 
 
-def test_masked_accuracy_edge_cases():
-    preds = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    targets = torch.tensor([[1, IGNORE, 0], [IGNORE, 5, IGNORE]])
-    assert masked_accuracy(preds, targets) == pytest.approx(2 / 3)
-    with pytest.raises(ValueError, match="no target"):
-        masked_accuracy(preds, torch.full_like(targets, IGNORE))
-    with pytest.raises(ValueError, match="one shape"):
-        masked_accuracy(preds, targets[:, :2])
-
-
 def test_macro_accuracy_matches_a_hand_computation():
     # targets 0,0,1,2 ; preds 0,1,1,3 ; class 3 is only predicted (wrongly), class 4 never occurs.
     preds = torch.tensor([0, 1, 1, 3, 7])
     targets = torch.tensor([0, 0, 1, 2, IGNORE])
     # per-class recall: c0 1/2, c1 1/1, c2 0/1, c3 0/0 -> 0 but counted (it was predicted); c4..: left out
-    assert macro_accuracy(preds, targets, num_classes=8) == pytest.approx((0.5 + 1.0 + 0.0 + 0.0) / 4)
+    whole = ClassCounts(8)
+    whole.update(preds, targets)
+    assert whole.macro() == pytest.approx((0.5 + 1.0 + 0.0 + 0.0) / 4)
     counts = ClassCounts(8)
     counts.update(preds[:2], targets[:2])  # batches accumulate like one pass
     counts.update(preds[2:], targets[2:])
@@ -127,7 +117,9 @@ def test_macro_accuracy_on_random_data_against_a_loop():
         if support == 0 and predicted == 0:
             continue
         recalls.append(sum(1 for x, y in zip(p, t) if x == y == c) / support if support else 0.0)
-    assert macro_accuracy(preds, targets, 6) == pytest.approx(sum(recalls) / len(recalls))
+    counts = ClassCounts(6)
+    counts.update(preds, targets)
+    assert counts.macro() == pytest.approx(sum(recalls) / len(recalls))
 
 
 def test_cuda_graph_is_checked_and_on_needs_cuda(tmp_path):

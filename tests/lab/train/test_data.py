@@ -188,7 +188,7 @@ def test_local_corpus_store_holds_every_document_once(corpus_dir, tokenizer_dir,
         ids = encode(tok, [text])[0]
         value = data_mod._text_hash(text)  # held out below 0.3 * 2^64, the lower half of that for test
         split = "test" if value < 0.15 * 2.0**64 else "val" if value < 0.3 * 2.0**64 else "train"
-        assert (split != "train") == data_mod._held_out(text, 0.3) and data_mod._hashed_split(value, 0.3) == split
+        assert data_mod._hashed_split(value, 0.3) == split
         expected[split].append([1] + ids + [2])
     edge = int(0.05 * 2**64)  # val_fraction 0.1: test below 0.05 * 2^64, val below 0.1 * 2^64
     assert [data_mod._hashed_split(v, 0.1) for v in (0, edge - 1000, edge + 1000, 2 * edge - 1000, 2 * edge + 1000, 2**64 - 1)] == [
@@ -521,7 +521,7 @@ def test_a_small_source_still_gets_a_held_out_document(tokenizer_dir, tmp_path, 
     rng = random.Random(3)
     texts = [make_text(rng, 30) for _ in range(6)]
     texts.append(texts[0])
-    assert not any(data_mod._held_out(t, 1e-6) for t in texts)
+    assert all(data_mod._hashed_split(data_mod._text_hash(t), 1e-6) == "train" for t in texts)
     folder = tmp_path / "small"
     folder.mkdir()
     for i, text in enumerate(texts):

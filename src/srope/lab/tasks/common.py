@@ -1,5 +1,5 @@
-"""Pieces every synthetic task shares: presets and ``--set`` overrides, seeded random
-streams, the on-disk cache, batch streams, the model request and the accuracy metrics.
+"""Pieces every synthetic task shares: the presets' base, seeded random streams, the on-disk
+cache, batch streams, the model request and the per-class accuracy counts.
 
 Targets use ``IGNORE = -100`` for positions that carry no loss and no metric.
 """
@@ -311,24 +311,8 @@ class Prepared:
     info: dict = field(default_factory=dict)
 
 
-
 # ---------------------------------------------------------------------------------------
 # Metrics
-
-
-def _valid(targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    valid = targets != ignore_index
-    if not bool(valid.any()):
-        raise ValueError("no target positions to score: every target equals ignore_index")
-    return valid
-
-
-def masked_accuracy(preds: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE) -> float:
-    """Fraction of non-ignored positions where ``preds == targets`` (micro average)."""
-    if preds.shape != targets.shape:
-        raise ValueError(f"preds and targets must have one shape, got {tuple(preds.shape)} and {tuple(targets.shape)}")
-    valid = _valid(targets, ignore_index)
-    return float((preds[valid] == targets[valid]).double().mean())
 
 
 class ClassCounts:
@@ -367,10 +351,3 @@ class ClassCounts:
         if total == 0:
             raise ValueError("no target positions to score: every target equals ignore_index")
         return float(self.tp.sum()) / total
-
-
-def macro_accuracy(preds: torch.Tensor, targets: torch.Tensor, num_classes: int, ignore_index: int = IGNORE) -> float:
-    """MAD's accuracy (torchmetrics macro average over classes; see :meth:`ClassCounts.macro`)."""
-    counts = ClassCounts(num_classes)
-    counts.update(preds, targets, ignore_index)
-    return counts.macro()

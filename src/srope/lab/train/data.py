@@ -208,10 +208,6 @@ def _text_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8, person=b"srope-heldout").digest(), "big")
 
 
-def _held_out(text: str, val_fraction: float) -> bool:
-    return _text_hash(text) < val_fraction * 2.0**64
-
-
 def _hashed_split(value: int, val_fraction: float) -> str:
     """The split of a document whose text hashes to ``value``: the lower half of the held-out range is ``test``."""
     if value < val_fraction * 2.0**63:
