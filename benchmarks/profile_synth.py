@@ -4,8 +4,9 @@ would make the paper's protocols cheaper.
 For each configuration, the model ``srope synth`` builds for it, one batch of the task's real
 shape drawn by the task itself, and the runner's step (bf16 autocast on CUDA, cross-entropy
 over the vocabulary, AdamW): the batch's host time, the step's wall time (median of
-``--steps``, synchronised), on CUDA also as a CUDA graph (``--set cuda_graph=on``), its GPU
-kernel time and the top kernels. ``--pieces`` runs each
+``--steps``, synchronised), with the head at the scored positions only (``--set
+head_at_targets=true``), on CUDA also as a CUDA graph (``--set cuda_graph=on``) with and
+without it, the eager step's GPU kernel time and its top kernels. ``--pieces`` runs each
 configuration with the host's norms and SwiGLU from fla (``auto``, the default path) and from
 PyTorch (``torch``), side by side in one process.
 
@@ -19,7 +20,6 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from benchmarks.bench_op import kernel_time
 from benchmarks.common import environment, write_json
@@ -29,8 +29,8 @@ from srope.lab.graphed import graphed_optimizer_step
 from srope.lab.loop import optimizer_step
 from srope.layers.common import RMSNorm
 from srope.models.modeling import SwiGLU
-from srope.lab.tasks.common import IGNORE, rng_for
-from srope.lab.tasks.runner import _autocast, as_logits, get_task, model_request, resolve_preset
+from srope.lab.tasks.common import rng_for
+from srope.lab.tasks.runner import get_task, model_request, resolve_preset, scored_positions, task_loss
 
 CONFIGS = {  # name: (task, preset, overrides), as experiments/gpu.sh runs them
     "copying-nope": ("copying", "authors", {"position_type": "nope"}),
@@ -82,12 +82,9 @@ def step_profile(task: str, preset: str, overrides: dict, device: torch.device, 
     x, y = torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
     vocab = setting.vocab_size
 
-    def loss(x, y):
-        with _autocast(device):
-            logits = as_logits(model(x))[..., :vocab]
-        return F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE)
-
+    loss = task_loss(model, vocab, device)
     eager = optimizer_step(model, optimizer, loss)
+    scored = scored_positions(y_np, device)
 
     def step():
         eager(0, 1e-4, x, y)
@@ -95,9 +92,15 @@ def step_profile(task: str, preset: str, overrides: dict, device: torch.device, 
     out = {"batch": list(x.shape), "parameters": sum(p.numel() for p in model.parameters()), "host_batch_ms": round(host_ms, 2),
            "step_ms": median_ms(step, steps, device)}
     out["tokens_per_s"] = round(x.numel() / out["step_ms"] * 1e3)
-    if device.type == "cuda":  # the runner's step with --set cuda_graph=on
+    if hasattr(model, "lm_head"):  # --set head_at_targets=true
+        out["scored_positions"] = int(scored.numel())
+        out["head_at_targets_step_ms"] = median_ms(lambda: eager(0, 1e-4, x, y, scored), steps, device)
+    if device.type == "cuda":  # the runner's step with --set cuda_graph=on, with and without head_at_targets
         graphed = graphed_optimizer_step(model, optimizer, loss, strict=True)
         out["graph_step_ms"] = median_ms(lambda: graphed(0, 1e-4, x, y), steps, device, warmup=3)  # two eager, then the capture
+        if hasattr(model, "lm_head"):
+            at_targets = graphed_optimizer_step(model, optimizer, loss, strict=True)
+            out["graph_head_at_targets_step_ms"] = median_ms(lambda: at_targets(0, 1e-4, x, y, scored), steps, device, warmup=3)
         timing = kernel_time(step, repeats=3)
         out["kernel_ms"] = round(timing["kernel_ms"], 2)
         top: dict[str, float] = {}

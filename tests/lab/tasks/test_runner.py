@@ -264,12 +264,8 @@ def test_runner_on_cuda_uses_bf16_autocast(tmp_path):
     assert (tmp_path / "results.png").exists() and results["runs"][0]["score"] >= 0.0
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_the_cuda_graph_step_trains_as_the_eager_step(tmp_path):
-    """cuda_graph='on' (the step captured after two eager warm-up steps and replayed; the
-    epoch's last, smaller batch eager) against 'off', the real model (GLA + Selective RoPE)."""
-    models = {}
+def _keeping(models: dict):
+    """``factory(tag)``: srope's model factory that keeps the model it builds in ``models[tag]``."""
 
     def factory(tag):
         def make(request):
@@ -277,6 +273,17 @@ def test_the_cuda_graph_step_trains_as_the_eager_step(tmp_path):
             return models[tag]
 
         return make
+
+    return factory
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_cuda_graph_step_trains_as_the_eager_step(tmp_path):
+    """cuda_graph='on' (the step captured after two eager warm-up steps and replayed; the
+    epoch's last, smaller batch eager) against 'off', the real model (GLA + Selective RoPE)."""
+    models = {}
+    factory = _keeping(models)
 
     overrides = {**SMOKE["state_tracking"], "train_size": 200, "batch_size": 64, "epochs": 3, "seeds": "0", "lrs": "3e-3", "model.hidden_size": 32,
                  "model.num_heads": 2, "model.num_hidden_layers": 1, "mixer": "gla", "position_type": "selective_rope"}  # fmt: skip
@@ -287,3 +294,21 @@ def test_the_cuda_graph_step_trains_as_the_eager_step(tmp_path):
     assert losses[1] == pytest.approx(losses[0], rel=1e-4), losses
     for (name, a), b in zip(models["off"].named_parameters(), models["on"].parameters()):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-5), name
+
+
+def test_the_head_at_targets_only_gives_the_same_training(tmp_path):
+    """head_at_targets: the head and the loss at the scored positions only (MQAR's queries) is
+    the same mean loss as over every position's logits; a model without a body and head apart is refused."""
+    models = {}
+    factory = _keeping(models)
+
+    overrides = {**SMOKE["mqar"], "d_models": "16", "lrs": "3e-3", "model.num_heads": 2, "model.num_hidden_layers": 1, "mixer": "gla", "position_type": "selective_rope"}
+    runs = {flag: run_synthetic("mqar", factory(flag), out=tmp_path / flag, overrides={**overrides, "head_at_targets": flag}, cache_dir=None,
+                                progress=False, plot=False)["runs"][0] for flag in ("false", "true")}  # fmt: skip
+    losses = [[h["train_loss"] for h in runs[flag]["history"]] for flag in ("false", "true")]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5) and runs["true"]["steps"] == runs["false"]["steps"] > 0
+    for (name, a), b in zip(models["false"].named_parameters(), models["true"].parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
+    with pytest.raises(ValueError, match="head_at_targets needs a model with .model"):
+        run_synthetic("mqar", gru_factory, out=tmp_path / "gru", overrides={**SMOKE["mqar"], "d_models": "8", "head_at_targets": "true"}, cache_dir=None,
+                      progress=False, plot=False)  # fmt: skip

@@ -55,6 +55,12 @@ class TaskConfig(RunConfig):
     the host out of a small model's step; an epoch's last, smaller batch runs eagerly. Off by
     default until it has been checked against the eager step on the GPU for every task.
 
+    ``head_at_targets``: the output head and the loss only at the positions that have
+    targets (their flat indices come from the batch's host copy, so nothing waits on the
+    device); the same mean loss, without the logits of the other positions. For tasks that
+    score few positions of long sequences (MQAR: 64 of 512); the model must expose its body
+    (``.model``) and head (``.lm_head``), as ``SRopeForCausalLM`` does.
+
     Model: ``mixer`` and ``model`` (HF-style config entries) go to the model factory with
     ``{"type": position_type, **position[position_type]}`` as the position encoding; the
     presets carry the authors' position-encoding options for each type.
@@ -83,6 +89,7 @@ class TaskConfig(RunConfig):
     checkpoint_every: int = 200
     save_weights: bool = False
     cuda_graph: str = "off"  # "auto": the training step as a CUDA graph on CUDA; "on": that or an error; "off"
+    head_at_targets: bool = False  # the output head only at the positions that have targets
     mixer: str = "gla"
     model: dict = field(default_factory=dict)
     position_type: str = "selective_rope"

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -116,6 +117,45 @@ def as_logits(output: Any) -> torch.Tensor:
     raise TypeError(f"the model must return logits (a tensor or an output with .logits), got {type(output).__name__}")
 
 
+def task_logits(model: nn.Module, x: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The model's logits for ``x [B, T]``, cut to the task's ``vocab``."""
+    logits = as_logits(model(x))
+    if logits.dim() != 3 or logits.shape[:2] != x.shape or logits.shape[-1] < vocab:
+        raise ValueError(f"logits must be [B, T, >= {vocab}] for input {tuple(x.shape)}, got {tuple(logits.shape)}")
+    return logits[..., :vocab]
+
+
+def check_head_at_targets(model: nn.Module) -> None:
+    if not all(isinstance(getattr(model, name, None), nn.Module) for name in ("model", "lm_head")):
+        raise ValueError(f"head_at_targets needs a model with .model (its body, returning last_hidden_state) and .lm_head, as SRopeForCausalLM; "
+                         f"got {type(model).__name__}")  # fmt: skip
+
+
+def task_loss(model: nn.Module, vocab: int, device: torch.device) -> Callable[..., torch.Tensor]:
+    """The runner's training loss ``loss(x, y, scored=None)``: the mean cross-entropy over the
+    scored positions (a batch without any gives 0, not NaN), under bf16 autocast on CUDA.
+    With ``scored`` (the flat indices of the positions that have targets) the head runs at
+    those positions only: the same mean, without the other positions' logits."""
+
+    def loss(x: torch.Tensor, y: torch.Tensor, scored: torch.Tensor | None = None) -> torch.Tensor:
+        if scored is None:
+            with _autocast(device):
+                logits = task_logits(model, x, vocab)
+            return F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE, reduction="sum") / (y != IGNORE).sum().clamp(min=1)
+        with _autocast(device):
+            hidden = model.model(x).last_hidden_state.flatten(0, 1).index_select(0, scored)
+            logits = model.lm_head(hidden)[:, :vocab]
+        return F.cross_entropy(logits.float(), y.reshape(-1).index_select(0, scored), reduction="sum") / max(int(scored.numel()), 1)
+
+    return loss
+
+
+def scored_positions(targets: np.ndarray, device: torch.device) -> torch.Tensor:
+    """The flat indices of the positions that have targets, from the batch's host copy (so
+    nothing waits on the device)."""
+    return torch.as_tensor(np.flatnonzero(targets.reshape(-1) != IGNORE), device=device)
+
+
 def _autocast(device: torch.device):
     if device.type == "cuda":  # no weight-cast cache: the same casts, and a CUDA graph capture needs none
         return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
@@ -151,22 +191,13 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
     if prepared.wrap_model is not None:
         model = prepared.wrap_model(model).to(device)
     vocab = setting.vocab_size
-
-    def logits_of(x: torch.Tensor) -> torch.Tensor:
-        logits = as_logits(model(x))
-        if logits.dim() != 3 or logits.shape[:2] != x.shape or logits.shape[-1] < vocab:
-            raise ValueError(f"logits must be [B, T, >= {vocab}] for input {tuple(x.shape)}, got {tuple(logits.shape)}")
-        return logits[..., :vocab]
-
-    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The mean loss over the scored positions (a batch without any gives 0, not NaN)."""
-        with _autocast(device):
-            logits = logits_of(x)
-        return F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE, reduction="sum") / (y != IGNORE).sum().clamp(min=1)
+    if cfg.head_at_targets:
+        check_head_at_targets(model)
+    loss_of = task_loss(model, vocab, device)
 
     def predict(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), _autocast(device):
-            return logits_of(x.to(device)).argmax(-1).cpu()
+            return task_logits(model, x.to(device), vocab).argmax(-1).cpu()
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=weight_decay)
     if cfg.cuda_graph != "off" and device.type == "cuda":
@@ -222,7 +253,10 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             for x_np, y_np in stream.epoch(epoch, shuffle_rng, start=position):
                 if step >= total:
                     return
-                yield step, torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
+                batch = (torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device))
+                if cfg.head_at_targets:
+                    batch += (scored_positions(y_np, device),)
+                yield step, *batch
 
         def after(_: int, loss: torch.Tensor) -> str | None:
             nonlocal loss_sum, loss_count, step, position
