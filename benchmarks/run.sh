@@ -23,6 +23,9 @@
 #               SCALING_ARGS adds e.g. --jobs), on a machine of several GPUs
 #   fused       the host's fused norms and SwiGLU (srope.ops.fused) against float64 on the GPU,
 #               then the synthetic protocols' training steps with fla's and PyTorch's pieces
+#   synth       the synthetic protocols' training steps (benchmarks/profile_synth.py, PROFILE_ONLY:
+#               configurations, default MQAR 512x64 at d 64 and 512): eager, as a CUDA graph,
+#               with the head at the targets only; autotuning as the mqar runs (first candidate)
 set -u
 source benchmarks/device-env.sh
 run() { local limit=$1; shift; echo "== $(date +%T) $*"; timeout -s INT -k 20 "$limit" "$@" 2>&1 | tail -n 30; echo "exit ${PIPESTATUS[0]}"; }
@@ -40,6 +43,8 @@ for stage in "$@"; do
     layers)
       run "${LAYER_LIMIT:-240}" python3 benchmarks/bench_layer.py --out "$R/layer.json"
       PYTHONPATH=$PYTHONPATH:$PWD/benchmarks run "${PROFILE_LIMIT:-150}" python3 -m benchmarks.profile_layer --python --out "$R/profile_layer.json" ;;
+    synth) SROPE_AUTOTUNE=${AUTOTUNE:-first} run "${SYNTH_LIMIT:-300}" python3 -m benchmarks.profile_synth --pieces auto \
+      --only ${PROFILE_ONLY:-mqar-512x64-d64-srope mqar-512x64-d512-srope} --out "$R/profile_synth.json" ;;
     host) run "${HOST_LIMIT:-120}" python3 benchmarks/bench_host.py --out "$R/host.json" ${HOST_ARGS:-} ;;
     ops) run "${OP_LIMIT:-300}" python3 benchmarks/bench_op.py --out "$R/op.json" ;;
     scaling) run "${SCALING_LIMIT:-560}" python3 benchmarks/bench_scaling.py --data .data/shakespeare --out "$R/scaling.json" ${SCALING_ARGS:-} ;;
