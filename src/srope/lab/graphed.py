@@ -22,11 +22,14 @@ loss for NaN reads it after the replay, so a non-finite step has already been ap
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+
+from srope.lab.loop import optimizer_step
 
 
 class GraphCaptureError(RuntimeError):
@@ -158,8 +161,6 @@ def graphed_optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, l
     synchronise with the host (no ``.item()``, no data-dependent shapes) and should run under
     an autocast without its weight cache (``cache_enabled=False``). If the capture fails the
     step goes on eagerly with a warning, or raises :class:`GraphCaptureError` when ``strict``."""
-    from srope.lab.loop import optimizer_step, set_learning_rate
-
     eager = optimizer_step(model, optimizer, loss, grad_clip=grad_clip)
     state: dict[str, Any] = {"graph": None, "failed": False}
 
@@ -173,11 +174,8 @@ def graphed_optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, l
             except GraphCaptureError as error:
                 if strict:
                     raise
-                import warnings
-
                 warnings.warn(f"{error}; training on without a CUDA graph", stacklevel=2)
                 state["graph"], state["failed"] = None, True
-        set_learning_rate(optimizer, lr)
-        return eager(at, lr, *batch)
+        return eager(at, lr, *batch)  # fills the lr tensors a capture left in the groups
 
     return step
