@@ -44,3 +44,13 @@ def test_stale_when_the_model_code_changed_after_the_result():
         pytest.skip("the model code's last change is the first commit")
     assert provenance.is_stale(before) is True
     assert provenance.is_stale(None) is True and provenance.is_stale("0" * 40) is True
+
+
+def test_a_run_records_the_commit_it_started_with(monkeypatch):
+    """A commit made while a run ran is not the code it ran: record() takes the commit read
+    when the run began (srope train and srope demo pass it)."""
+    monkeypatch.setenv("SROPE_COMMIT", "a" * 40)
+    began = provenance.commit()
+    monkeypatch.setenv("SROPE_COMMIT", "b" * 40)  # as if HEAD moved during the run
+    assert provenance.record(["srope"], source=began)["commit"] == "a" * 40
+    assert provenance.record(["srope"])["commit"] == "b" * 40

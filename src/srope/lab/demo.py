@@ -603,7 +603,7 @@ def run_demo(out: str | os.PathLike = "out/demo", device: str = "cpu", seed: int
     cores = os.cpu_count() or 1
     workers = default_workers(device, cores) if workers is None else workers
     threads = max(1, cores // workers)
-    start, cpu_start = time.perf_counter(), _cpu_seconds()
+    start, cpu_start, source = time.perf_counter(), _cpu_seconds(), provenance.commit()
 
     data = eval_sets(config, seed)
     bar = _progress(config.steps * len(POSITIONS), f"parity, {config.name} preset, seed {seed}", progress)
@@ -629,7 +629,7 @@ def run_demo(out: str | os.PathLike = "out/demo", device: str = "cpu", seed: int
                            "dropped_seen_in_training": data["dropped_seen_in_training"]},
         "config": config.to_dict(),
         "environment": provenance.environment(device),
-        "provenance": provenance.record(seeds=[seed], device=device, wall_s=round(time.perf_counter() - start, 3)),
+        "provenance": provenance.record(source=source, seeds=[seed], device=device, wall_s=round(time.perf_counter() - start, 3)),
         "results": {kind: runs[kind] for kind in POSITIONS},
     }
     results["targets"] = check_targets(results)

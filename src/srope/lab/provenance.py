@@ -61,10 +61,12 @@ def environment(device) -> dict:
     return {"device": str(device), "device_name": name, "threads": torch.get_num_threads(), "versions": versions()}
 
 
-def record(command: str | list[str] | None = None, **extra) -> dict:
+def record(command: str | list[str] | None = None, *, source: tuple[str | None, bool | None] | None = None, **extra) -> dict:
     """The provenance of a result made now: commit, dirty flag, command (default: this
-    process's), versions, host and date; ``extra`` (seeds, device, wall_s, ...) added."""
-    head, dirty = commit()
+    process's), versions, host and date; ``extra`` (seeds, device, wall_s, ...) added.
+    ``source``: :func:`commit` taken when the run began (a commit made while it ran is not
+    the code it ran); default: now."""
+    head, dirty = commit() if source is None else source
     if command is None:
         command = [Path(sys.argv[0]).name, *sys.argv[1:]]
     return {

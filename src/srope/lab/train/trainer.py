@@ -237,6 +237,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, stop_af
     and raises :class:`StopRequested`; ``stop_after`` ends it after that step the same way.
     """
     config = config.resolved()
+    source = provenance.commit()  # the code this run started with
     if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1):
         raise ValueError(f"stop_after must be a positive integer, got {stop_after!r}")
     out = Path(out)
@@ -250,7 +251,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, stop_af
     created = world.is_main and not out.exists()
     progress = {"steps": 0}
     try:
-        return _train(config, out, world, resume, stop_after, verbose, progress)
+        return _train(config, out, world, resume, stop_after, verbose, progress, source)
     except BaseException:
         if created and progress["steps"] == 0 and latest_checkpoint(out) is None:
             shutil.rmtree(out, ignore_errors=True)  # a failed start leaves no run folder behind
@@ -363,7 +364,7 @@ def _describe(corpus, config: TrainConfig, model, autocast_dtype, world: World, 
     ]
 
 
-def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_after: int | None, verbose: bool, progress: dict) -> dict:
+def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_after: int | None, verbose: bool, progress: dict, source) -> dict:
     say = tqdm.write if verbose and world.is_main else (lambda text: None)
     phases = _Phases()
     local_batch, rem = divmod(config.global_batch_size, world.size)
@@ -527,7 +528,7 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
     metrics["time_s"] = phases.rounded()
     if world.is_main:
         summary = {
-            "provenance": provenance.record(seeds=[config.seed], device=str(world.device), world_size=world.size, wall_s=round(sum(phases.seconds.values()), 3)),
+            "provenance": provenance.record(source=source, seeds=[config.seed], device=str(world.device), world_size=world.size, wall_s=round(sum(phases.seconds.values()), 3)),
             "complete": last == config.max_steps, "steps_run": [start, last], "config": config.to_dict(), "metrics": metrics,
         }  # fmt: skip
         (out / "run.json").write_text(json.dumps(summary, indent=2))
