@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import pathlib
+import time
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,13 @@ def check_seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise TypeError(f"seed must be a non-negative int, got {seed!r}")
     return seed
+
+
+def start_run(out_dir: pathlib.Path | str, seed: Any) -> tuple[int, pathlib.Path, float, torch.Generator]:
+    """What every theory script's ``run`` begins with: the checked seed, the output folder,
+    the start time and a generator seeded with it."""
+    seed = check_seed(seed)
+    return seed, prepare_out_dir(out_dir), time.perf_counter(), torch.Generator().manual_seed(seed)
 
 
 @contextlib.contextmanager

@@ -39,9 +39,8 @@ import torch
 from srope.ops import rope
 from srope.ops.mixers.naive import complex_rotation_recurrence, gated_linear_attention_recurrence
 from srope.lab.theory._common import (
-    check_seed,
+    start_run,
     new_figure,
-    prepare_out_dir,
     save_figure,
     single_thread,
     step_rel_errors,
@@ -369,10 +368,7 @@ def _plot(st: dict, out: pathlib.Path) -> None:
 
 def run(out_dir: pathlib.Path, seed: int = 0) -> dict:
     """Leakage of rotation-only vs decayed recurrences; writes ``leakage.json`` / ``leakage.png``."""
-    seed = check_seed(seed)
-    out = prepare_out_dir(out_dir)
-    start = time.perf_counter()
-    gen = torch.Generator().manual_seed(seed)
+    seed, out, start, gen = start_run(out_dir, seed)
     with single_thread():
         st = _study(gen, length=128, alpha_n=ALPHA_N)
     data = {"command": NAME, "seed": seed, "paper": "§3.2, App. A.4, Fig. 3: spectral leakage and decay", **st}

@@ -41,10 +41,9 @@ import torch
 
 from srope.ops.mixers.naive import complex_rotation_recurrence
 from srope.lab.theory._common import (
-    check_seed,
+    start_run,
     loglog_slope,
     new_figure,
-    prepare_out_dir,
     save_figure,
     single_thread,
     step_rel_errors,
@@ -344,10 +343,7 @@ def _plot(conv: dict, seq: dict, out: pathlib.Path) -> None:
 
 def run(out_dir: pathlib.Path, seed: int = 0) -> dict:
     """Compute 1(a) and 1(b), write ``rff.json`` and ``rff.png`` into ``out_dir``, return the JSON dict."""
-    seed = check_seed(seed)
-    out = prepare_out_dir(out_dir)
-    start = time.perf_counter()
-    gen = torch.Generator().manual_seed(seed)
+    seed, out, start, gen = start_run(out_dir, seed)
     with single_thread():
         conv = convergence_study(gen, progress=True)
         seq = sequence_study(gen, progress=True)

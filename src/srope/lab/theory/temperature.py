@@ -48,7 +48,7 @@ import torch
 
 from srope.modules import RoPE, SelectiveRoPE, temperature_spectrum
 from srope.lab.theory._common import (
-    check_seed, golden_section_min, new_figure, prepare_out_dir, save_figure, single_thread, write_json,
+    golden_section_min, new_figure, save_figure, single_thread, start_run, write_json,
 )
 from srope.lab.theory.rff import rff_estimate, unit_pairs
 
@@ -311,10 +311,7 @@ def _plot(th: dict, fig2: dict, spectra: dict, out: pathlib.Path) -> None:
 
 def run(out_dir: pathlib.Path, seed: int = 0) -> dict:
     """Theorem 1 and the spectra; writes ``temperature.json`` / ``temperature.png``."""
-    seed = check_seed(seed)
-    out = prepare_out_dir(out_dir)
-    start = time.perf_counter()
-    gen = torch.Generator().manual_seed(seed)
+    seed, out, start, gen = start_run(out_dir, seed)
     with single_thread():
         th = theorem1_study(gen)
         fig2 = figure2_study()
