@@ -9,9 +9,5 @@ if [ ! -f "$stamp" ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 if [ -f .tcache/use.sh ]; then source .tcache/use.sh; else export TRITON_CACHE_DIR=$PWD/.tcache/cache; mkdir -p "$TRITON_CACHE_DIR"; fi
-# Triton's autotune choices on the H200 at the shapes of our experiments (fla 0.6.0, Triton
-# 3.6.0): a fresh machine otherwise spends about six minutes autotuning fla's chunk GLA
-# kernels for the copying protocol's first step. Entries of other versions are never read.
-tar xzf experiments/h200-autotune.tgz -C "$TRITON_CACHE_DIR"
 R=${OUT:-$PWD/out/gpu}  # absolute: pack_synth archives from inside out/
 mkdir -p "$R"
