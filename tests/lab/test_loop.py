@@ -1,6 +1,5 @@
 """The lab's training loop (srope.lab.loop): the plain step is what a hand-written AdamW step is."""
 
-import pytest
 import torch
 
 from srope.lab.loop import optimizer_step, set_learning_rate, train_steps
@@ -63,12 +62,3 @@ def test_a_learning_rate_held_in_a_tensor_is_filled_in_place():
     held = optimizer.param_groups[0]["lr"] = torch.tensor(1.0)
     set_learning_rate(optimizer, 0.25)
     assert optimizer.param_groups[0]["lr"] is held and float(held) == 0.125 and optimizer.param_groups[1]["lr"] == 0.25
-
-
-def test_a_captured_step_needs_cuda():
-    from srope.lab.graphed import graphed_optimizer_step
-
-    model, data = _model_and_data()
-    step = graphed_optimizer_step(model, torch.optim.AdamW(model.parameters()), lambda x, y: model(x).square().mean())
-    with pytest.raises(ValueError, match="CUDA"):
-        step(0, 0.1, data[0][1], data[0][2])

@@ -41,12 +41,16 @@ class CapturedStep:
     the call) as eager warm-up steps on a side stream, then captured once and replayed."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device, *, warmup: int = 2, thread_local: bool = False):
-        if device.type != "cuda":
-            raise ValueError(f"a CUDA graph needs the model on a CUDA device, got {device}")
+        _require_cuda(device)
         self.optimizer, self.warmup, self.thread_local = optimizer, warmup, thread_local
         for group in optimizer.param_groups:
             group["capturable"] = True
             group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+        # a capturable AdamW keeps its step counts on the device; a state loaded from a
+        # checkpoint of a non-capturable run (e.g. written on the CPU) has them on the host
+        for state in optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(device=device, dtype=torch.float32)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: Any = None
 
@@ -61,24 +65,33 @@ class CapturedStep:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
+                self.optimizer.zero_grad(set_to_none=True)  # an eager step before this one leaves its gradients
                 outputs = self.compute()
                 self.optimizer.zero_grad(set_to_none=True)
             torch.cuda.current_stream().wait_stream(side)
             return outputs
         if self.graph is None:
             self.optimizer.zero_grad(set_to_none=True)  # the gradients live in the graph's memory pool
-            graph = torch.cuda.CUDAGraph()
+            graph, stream = torch.cuda.CUDAGraph(), torch.cuda.current_stream()
             try:
                 # NCCL's watchdog thread queries events while this thread captures: only this
                 # thread's calls must be capture-safe
                 with torch.cuda.graph(graph, capture_error_mode="thread_local" if self.thread_local else "global"):
                     self.outputs = self.compute()
             except RuntimeError as error:  # nothing ran: a capture records the kernels, it does not execute them
+                # a failed capture_end leaves the capture stream current (torch.cuda.graph
+                # restores it only after a clean end)
+                torch.cuda.set_stream(stream)
                 self.optimizer.zero_grad(set_to_none=True)
                 raise GraphCaptureError(f"the training step could not be captured as a CUDA graph ({' '.join(str(error).split())[:300]})") from error
             self.graph = graph
         self.graph.replay()
         return self.outputs
+
+
+def _require_cuda(device: torch.device) -> None:
+    if device.type != "cuda":
+        raise ValueError(f"a CUDA graph needs the model on a CUDA device, got {device}")
 
 
 class StepGraph(CapturedStep):
@@ -156,8 +169,9 @@ class _BatchGraph(CapturedStep):
 
 def graphed_optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss: Callable[..., torch.Tensor], *,
                            grad_clip: float | None = None, strict: bool = False) -> Callable[..., torch.Tensor]:  # fmt: skip
-    """:func:`srope.lab.loop.optimizer_step` as a CUDA graph: the first batch's tensors fix
-    the captured shapes, a batch of other shapes runs eagerly (same update). ``loss`` must not
+    """:func:`srope.lab.loop.optimizer_step` as a CUDA graph: the batch captured fixes the
+    shapes (until then a batch with a larger first tensor starts the warm-up again), a batch
+    of other shapes runs eagerly (same update). ``step.replayed`` counts the captured steps. ``loss`` must not
     synchronise with the host (no ``.item()``, no data-dependent shapes) and should run under
     an autocast without its weight cache (``cache_enabled=False``). If the capture fails the
     step goes on eagerly with a warning, or raises :class:`GraphCaptureError` when ``strict``."""
@@ -166,11 +180,15 @@ def graphed_optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, l
 
     def step(at: int, lr: float, *batch: torch.Tensor) -> torch.Tensor:
         graph = state["graph"]
-        if graph is None and not state["failed"]:
+        # until the capture a larger batch takes over the graph: a resume may start at an epoch's last, smaller batch
+        larger = graph is not None and graph.graph is None and not graph.matches(batch) and batch[0].numel() > graph.inputs[0].numel()
+        if (graph is None or larger) and not state["failed"]:
             graph = state["graph"] = _BatchGraph(model, optimizer, loss, batch, grad_clip)
         if graph is not None and graph.matches(batch):
             try:
-                return graph.step(batch, lr)
+                out = graph.step(batch, lr)
+                step.replayed += graph.graph is not None
+                return out
             except GraphCaptureError as error:
                 if strict:
                     raise
@@ -178,4 +196,5 @@ def graphed_optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, l
                 state["graph"], state["failed"] = None, True
         return eager(at, lr, *batch)  # fills the lr tensors a capture left in the groups
 
+    step.replayed = 0
     return step

@@ -277,19 +277,28 @@ def _keeping(models: dict):
     return factory
 
 
+GRAPH_CASES = {
+    # batches of 64 and 36 rows: warm-up, eager, warm-up (after an eager step), eager, capture, eager, replay, eager
+    "state_tracking": ({**SMOKE["state_tracking"], "train_size": 100, "batch_size": 64, "epochs": 4, "seeds": "0", "lrs": "3e-3", "grad_clip": 1.0,
+                        "model.hidden_size": 32}, 8),
+    # the head at the queries only (index_select inside the graph): 5 equal batches an epoch
+    "mqar": ({**SMOKE["mqar"], "d_models": "16", "lrs": "3e-3", "train_examples": 160, "batch_size": 32, "head_at_targets": "true", "grad_clip": 1.0}, 10),
+}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_the_cuda_graph_step_trains_as_the_eager_step(tmp_path):
-    """cuda_graph='on' (the step captured after two eager warm-up steps and replayed; the
-    epoch's last, smaller batch eager) against 'off', the real model (GLA + Selective RoPE)."""
+@pytest.mark.parametrize("task", list(GRAPH_CASES))
+def test_the_cuda_graph_step_trains_as_the_eager_step(tmp_path, task):
+    """cuda_graph='on' (the step captured after two eager warm-up steps and replayed; batches
+    of other shapes eager) against 'off', the real model (GLA + Selective RoPE), clipping on."""
     models = {}
     factory = _keeping(models)
-
-    overrides = {**SMOKE["state_tracking"], "train_size": 200, "batch_size": 64, "epochs": 3, "seeds": "0", "lrs": "3e-3", "model.hidden_size": 32,
-                 "model.num_heads": 2, "model.num_hidden_layers": 1, "mixer": "gla", "position_type": "selective_rope"}  # fmt: skip
-    runs = {tag: run_synthetic("state_tracking", factory(tag), out=tmp_path / tag, overrides={**overrides, "cuda_graph": tag}, device="cuda",
+    settings, steps = GRAPH_CASES[task]
+    overrides = {**settings, "model.num_heads": 2, "model.num_hidden_layers": 1, "mixer": "gla", "position_type": "selective_rope"}
+    runs = {tag: run_synthetic(task, factory(tag), out=tmp_path / tag, overrides={**overrides, "cuda_graph": tag}, device="cuda",
                                cache_dir=None, progress=False, plot=False)["runs"][0] for tag in ("off", "on")}  # fmt: skip
-    assert runs["on"]["steps"] == runs["off"]["steps"] == 12  # 4 a epoch: 3 of 64 rows, then 8
+    assert runs["on"]["steps"] == runs["off"]["steps"] == steps
     losses = [[h["train_loss"] for h in runs[tag]["history"]] for tag in ("off", "on")]
     assert losses[1] == pytest.approx(losses[0], rel=1e-4), losses
     for (name, a), b in zip(models["off"].named_parameters(), models["on"].parameters()):
