@@ -204,3 +204,17 @@ def test_runs_that_differ_only_in_their_time_limit_share_one_protocol(tmp_path):
     write_report([tmp_path], out)
     text = (out / "copying.md").read_text()
     assert text.count("Verdict:") == 1 and "Verdict: **reproduced**" in text
+
+
+def test_an_mqar_grid_without_the_papers_setting_is_reported_without_a_mean(tmp_path):
+    """`srope synth mqar --preset cpu` runs 64x4 only: the paper's T512-kv64 table is left out, not a crash."""
+    from srope.lab.report.write import write_report
+
+    from .conftest import _write, head, run, synth
+
+    cfg = {"vocab": 128, "train_examples": 3_600, "epochs": 4, "batch_size": 32, "lrs": [1e-3], "model": {"num_hidden_layers": 2}}
+    settings = [{"name": "T64-kv4-d64", "params": {"seq_len": 64, "kv_pairs": 4}, "max_len": 64}]
+    _write(tmp_path / "mqar-cpu/results.json", synth("mqar", "selective_rope", [run("T64-kv4-d64", 0, 0.5)], cfg, settings, head()))
+    write_report([tmp_path], tmp_path / "report")
+    text = (tmp_path / "report" / "mqar.md").read_text()
+    assert "gla/selective_rope" in text and "mean over widths" not in text

@@ -433,7 +433,7 @@ def mqar_page(rows: list[Row]) -> Page:
         for row in group:
             at = points[id(row)].get(PAPER_MQAR, {})
             common = [at[w] for w in widths if at.get(w)]
-            mean = (statistics.fmean(s[0] for s in common), None, 1) if len(common) == len(widths) else None
+            mean = (statistics.fmean(s[0] for s in common), None, 1) if common and len(common) == len(widths) else None
             body.append([_label_cell(row), *[fmt(at.get(w)) for w in widths], fmt(mean), seeds_cell(row), paper_cell(exp, row.paper_row, "accuracy"),
                          differences(row.fields, exp.protocol), budget_cell(row, exp.protocol), provenance_cell(row)])
         verdict = mqar_verdict(group, points)
