@@ -234,6 +234,14 @@ BAD_CONFIGS = [
     (dict(hidden_size=0), "hidden_size must be a positive integer"),
     (dict(mixer="gated_deltanet", num_kv_heads=1), "no grouped keys"),
     (dict(mixer="gla", head_dim=8), "leave head_dim unset"),
+    (dict(gate_logit_normalizer=0), "gate_logit_normalizer must be a positive finite number"),
+    (dict(norm_eps=-1.0), "norm_eps must be a positive finite number"),
+    (dict(expand_v=0), "expand_v must be a positive finite number"),
+    (dict(hidden_ratio=float("inf")), "hidden_ratio must be a positive finite number"),
+    (dict(intermediate_size=0), "intermediate_size must be a positive integer or None"),
+    (dict(gate_low_rank_dim=0), "gate_low_rank_dim must be a positive integer"),
+    (dict(mixer="attention", head_dim=0), "head_dim must be a positive integer or None"),
+    (dict(conv_size=True), "conv_size must be a positive integer"),
 ]
 
 

@@ -379,6 +379,10 @@ BAD_CONFIGS = [
     ({"type": "selective_rope", "projection_gain": float("nan")}, "projection_gain must be a finite number > 0"),
     ({"type": "selective_rope", "projection_gain": 2.0, "weight_norm": False}, "needs projection='full-rank' and weight_norm=True"),
     ({"type": "selective_rope", "projection_gain": 2.0, "projection": "low-rank"}, "needs projection='full-rank' and weight_norm=True"),
+    ({"type": "selective_rope", "norm_eps": -1.0}, "norm_eps must be a finite number > 0"),
+    ({"type": "selective_rope", "theta": float("inf")}, "finite theta >= 1"),
+    ({"type": "rope", "theta": float("inf")}, "theta must be a positive finite number"),
+    ({"type": "rope", "theta": True}, "theta must be a positive finite number"),
 ]
 
 
@@ -414,6 +418,31 @@ def test_bad_calls_raise(overrides, error, match):
     args |= overrides
     with pytest.raises(error, match=match):
         module(args.pop("q"), args.pop("k"), args.pop("x"), **args)
+
+
+@pytest.mark.parametrize("kind", ["nope", "rope", "selective_rope"])
+def test_qk_that_do_not_pair_are_refused_by_every_encoding(kind):
+    module = build_position_encoding(kind, hidden_size=HIDDEN, num_heads=KEY_HEADS, head_dim=HEAD_DIM)
+    x, k = torch.zeros(2, 6, HIDDEN), torch.zeros(2, 6, KEY_HEADS, HEAD_DIM)
+    with pytest.raises(TypeError, match="must be floating point"):
+        module(torch.zeros(2, 6, HEADS, HEAD_DIM, dtype=torch.long), k.long(), x)
+    with pytest.raises(ValueError, match="need the same D and H a multiple of Hk"):
+        module(torch.zeros(2, 6, HEADS + 1, HEAD_DIM), k, x)
+
+
+def test_nope_carries_no_state():
+    with pytest.raises(TypeError, match="NoPE carries no state"):
+        build_position_encoding("nope", hidden_size=HIDDEN, num_heads=KEY_HEADS, head_dim=HEAD_DIM).angles(torch.zeros(2, 6, HIDDEN), state=object())
+
+
+def test_an_empty_call_gives_empty_outputs_and_keeps_the_state():
+    """T = 0 through the angle generator's conv (which conv1d alone refuses)."""
+    module = SelectiveRoPE(HIDDEN, KEY_HEADS, HEAD_DIM, conv_size=4)
+    q, k, x = torch.randn(2, 5, HEADS, HEAD_DIM), torch.randn(2, 5, KEY_HEADS, HEAD_DIM), torch.randn(2, 5, HIDDEN)
+    _, _, state = module(q, k, x, use_cache=True)
+    q0, k0, after = module(q[:, :0], k[:, :0], x[:, :0], state=state, use_cache=True)
+    assert q0.shape == (2, 0, HEADS, HEAD_DIM) and k0.shape == (2, 0, KEY_HEADS, HEAD_DIM)
+    assert all(torch.equal(a, b) for a, b in zip(after, state))
 
 
 def test_rope_state_checked():

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from srope.modules import Angles, PositionEncoding, ShortConvolution, build_position_encoding
+from srope.ops.checks import check_cu_seqlens
 from srope.ops.fused import rms_norm, rms_norm_gated
 from srope.ops.layout import RowLayout
 
@@ -42,6 +43,12 @@ class LayerState:
             return value
 
         return replace(self, **{f.name: apply(getattr(self, f.name)) for f in fields(self)})
+
+    def sequences(self) -> int | None:
+        """How many sequences the state holds (None if it holds no tensor yet)."""
+        found = []
+        self.map(lambda t: found.append(t.shape[0]) or t)
+        return found[0] if found else None
 
 
 def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -108,8 +115,16 @@ class MixerLayer(nn.Module):
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.hidden_size:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{type(self).__name__} expects hidden states [B, T, {self.hidden_size}], got {shape}")
+        if not x.is_floating_point():
+            raise TypeError(f"{type(self).__name__} expects floating-point hidden states, got {x.dtype}")
         if state is not None and not isinstance(state, LayerState):
             raise TypeError(f"state must be a LayerState returned with use_cache=True, got {type(state).__name__}")
+        rows = x.shape[0] if cu_seqlens is None else check_cu_seqlens(cu_seqlens, *x.shape[:2])
+        held = None if state is None else state.sequences()
+        if held is not None:
+            if held != rows:
+                raise ValueError(f"the state holds {held} sequences, this call has {rows}{' (cu_seqlens)' if cu_seqlens is not None else ''}: "
+                                 "pass the state of this batch's sequences (a new batch starts without one)")
 
     def project_qkv(
         self, x, layout: RowLayout, state, heads: tuple[int, int, int], dims: tuple[int, int, int], activation=None,

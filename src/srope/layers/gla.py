@@ -48,6 +48,10 @@ class GatedLinearAttention(MixerLayer):
         key_dim, value_dim = int(hidden_size * expand_k), int(hidden_size * expand_v)
         if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+        if key_dim < 1 or value_dim < 1:
+            raise ValueError(f"hidden_size·expand_k = {key_dim} and hidden_size·expand_v = {value_dim} must be >= 1")
+        if isinstance(gate_logit_normalizer, bool) or not isinstance(gate_logit_normalizer, (int, float)) or not 0 < gate_logit_normalizer < float("inf"):
+            raise ValueError(f"gate_logit_normalizer must be a finite number > 0 (the decay is logsigmoid(.) / it), got {gate_logit_normalizer!r}")
         if key_dim % num_heads or value_dim % num_heads:
             raise ValueError(
                 f"key_dim = hidden_size·expand_k = {key_dim} and value_dim = hidden_size·expand_v = {value_dim} "

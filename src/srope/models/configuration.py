@@ -148,10 +148,17 @@ class SRopeConfig(PretrainedConfig):
         return heads, kv_heads, self.hidden_size // heads
 
     def validate_sizes(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "conv_size"):
+        optional = ("num_kv_heads", "head_dim", "intermediate_size")
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "conv_size", "gate_low_rank_dim", *optional):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if name in optional and value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer{' or None' if name in optional else ''}, got {value!r}")
+        for name in ("expand_k", "expand_v", "hidden_ratio", "gate_logit_normalizer", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         if self.mixer == "gated_deltanet" and self.num_kv_heads not in (None, self.num_heads):
             raise ValueError("gated_deltanet has no grouped keys: leave num_kv_heads unset (or equal to num_heads)")
         if self.mixer == "gla" and self.head_dim is not None:

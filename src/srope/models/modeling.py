@@ -19,6 +19,7 @@ from srope.layers.common import RMSNorm
 from srope.models.cache import CACHE_FIELD, SRopeCache
 from srope.models.configuration import SRopeConfig
 from srope.models.graphed_decode import DecodeGraphs
+from srope.models.inputs import check_extra_kwargs, check_output_flags, cu_seqlens_from_position_ids
 from srope.modules import PositionEncoding, ShortConvolution
 from srope.ops.loss import summed_cross_entropy
 from srope.ops.checks import check_cu_seqlens
@@ -143,10 +144,18 @@ class SRopeModel(SRopePreTrainedModel):
         past_key_values: SRopeCache | None = None,
         use_cache: bool | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
+        check_extra_kwargs(kwargs, "SRopeModel.forward")
+        check_output_flags(output_attentions, return_dict)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids [B, T] and inputs_embeds [B, T, hidden]")
+        if inputs_embeds is not None and not inputs_embeds.is_floating_point():
+            raise TypeError(f"inputs_embeds must be floating point [B, T, hidden], got {inputs_embeds.dtype}")
         h = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         if h.dim() != 3:
             raise ValueError(f"input_ids must be [B, T] (inputs_embeds [B, T, hidden]), got {tuple(h.shape[:-1])}")
@@ -154,10 +163,17 @@ class SRopeModel(SRopePreTrainedModel):
         cache = cache if cache is not None else past_key_values
         if length < 1:
             raise ValueError("input_ids must hold at least one token per row (T >= 1)")
-        if use_cache is None:  # a cache only where one is useful: inference on unpacked batches
-            use_cache = self.config.use_cache and not self.training and cu_seqlens is None
         if cache is not None and not isinstance(cache, SRopeCache):
             raise TypeError(f"cache must be an SRopeCache (returned by a previous call), got {type(cache).__name__}")
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"the cache holds {len(cache)} layers, this model has {len(self.layers)}")
+        if position_ids is not None:
+            packed = cu_seqlens_from_position_ids(position_ids, attention_mask, batch, length, 0 if cache is None else cache.seen_tokens)
+            if packed is not None and cu_seqlens is not None:
+                raise ValueError("pass either cu_seqlens or position_ids that restart at each document, not both")
+            cu_seqlens = packed if packed is not None else cu_seqlens
+        if use_cache is None:  # a cache only where one is useful: inference on unpacked batches
+            use_cache = self.config.use_cache and not self.training and cu_seqlens is None
         if use_cache and cache is None:
             cache = SRopeCache(len(self.layers))
         if cu_seqlens is not None:
@@ -167,14 +183,20 @@ class SRopeModel(SRopePreTrainedModel):
         mask = self._current_mask(attention_mask, batch, length, cache)
         # the batch described once, for every layer and encoding (host syncs on a padded or packed batch)
         layout = RowLayout(batch, length, attention_mask=mask, cu_seqlens=cu_seqlens, device=h.device)
+        hidden_states = []
         for i, layer in enumerate(self.layers):
+            if output_hidden_states:
+                hidden_states.append(h)
             state = None if cache is None else cache.layers[i]
             h, state = layer(h, attention_mask=mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout)
             if use_cache:
                 cache.layers[i] = state
         if use_cache:
             cache.seen_tokens += length
-        return _output(BaseModelOutputWithPast, cache if use_cache else None, last_hidden_state=self.norm(h))
+        h = self.norm(h)
+        out = _output(BaseModelOutputWithPast, cache if use_cache else None, last_hidden_state=h,
+                      hidden_states=(*hidden_states, h) if output_hidden_states else None)  # fmt: skip
+        return out if return_dict is not False else out.to_tuple()
 
     @staticmethod
     def _current_mask(attention_mask, batch, length, cache):
@@ -192,6 +214,7 @@ class SRopeModel(SRopePreTrainedModel):
 
 class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
+    accepts_loss_kwargs = True  # the Trainer's num_items_in_batch: the loss is then scaled for gradient accumulation here
 
     def __init__(self, config: SRopeConfig):
         super().__init__(config)
@@ -229,6 +252,11 @@ class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
         cu_seqlens: torch.Tensor | None = None,
         logits_to_keep: int = 0,
         targets: torch.LongTensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Labels are shifted inside (pass ``labels=input_ids``); -100 is ignored, and with
@@ -237,29 +265,49 @@ class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
         ``targets [B, T]`` (already shifted: ``targets[:, t]`` follows ``input_ids[:, t]``;
         -100 ignored) returns the *summed* token loss instead of logits, from the final hidden
         states (:func:`srope.ops.loss.summed_cross_entropy`: fused on CUDA, the logits never
-        materialised); it is what ``srope train`` optimises."""
+        materialised); it is what ``srope train`` optimises.
+
+        ``position_ids`` are checked, not used: the positions the model counts itself pass, a
+        single row's positions that restart at 0 become ``cu_seqlens`` (Hugging Face's
+        flattening collators), anything else is refused. ``num_items_in_batch`` (the
+        ``Trainer``'s count of targets over the accumulated batches) makes the loss their sum
+        divided by it, as transformers' own causal-LM loss does."""
+        check_extra_kwargs(kwargs, "SRopeForCausalLM.forward")
+        check_output_flags(output_attentions, return_dict)
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be an integer >= 0 (0: every position), got {logits_to_keep!r}")
         cache = cache if cache is not None else past_key_values
+        if position_ids is not None:
+            batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+            packed = cu_seqlens_from_position_ids(position_ids, attention_mask, batch, length, 0 if cache is None else cache.seen_tokens)
+            if packed is not None and cu_seqlens is not None:
+                raise ValueError("pass either cu_seqlens or position_ids that restart at each document, not both")
+            cu_seqlens = packed if packed is not None else cu_seqlens
         if self._decode_graphs.applies(input_ids, cache, attention_mask=attention_mask, inputs_embeds=inputs_embeds, labels=labels,
                                        cu_seqlens=cu_seqlens, use_cache=use_cache):  # fmt: skip
             return _output(CausalLMOutputWithPast, cache, logits=self._decode_graphs.step(input_ids, cache))
         out = self.model(
             input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, cache=cache,
-            past_key_values=past_key_values, use_cache=use_cache, cu_seqlens=cu_seqlens,
+            past_key_values=past_key_values, use_cache=use_cache, cu_seqlens=cu_seqlens, output_hidden_states=output_hidden_states,
         )
         hidden = out.last_hidden_state
         if targets is not None:
             if labels is not None:
                 raise ValueError("pass labels (mean loss, shifted inside) or targets (summed loss, already shifted), not both")
             loss = summed_cross_entropy(hidden, self.lm_head.weight, targets)
-            return _output(CausalLMOutputWithPast, getattr(out, CACHE_FIELD), loss=loss, logits=None)
+            result = _output(CausalLMOutputWithPast, getattr(out, CACHE_FIELD), loss=loss, logits=None, hidden_states=out.hidden_states)
+            return result if return_dict is not False else result.to_tuple()
         logits = self.lm_head(hidden if not logits_to_keep else hidden[:, -logits_to_keep:])
         loss = None
         if labels is not None:
-            loss = causal_lm_loss(logits, labels, cu_seqlens)
-        return _output(CausalLMOutputWithPast, getattr(out, CACHE_FIELD), loss=loss, logits=logits)
+            loss = causal_lm_loss(logits, labels, cu_seqlens, num_items_in_batch)
+        result = _output(CausalLMOutputWithPast, getattr(out, CACHE_FIELD), loss=loss, logits=logits, hidden_states=out.hidden_states)
+        return result if return_dict is not False else result.to_tuple()
 
     def prepare_inputs_for_generation(self, input_ids, cache=None, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs):
         cache = cache if cache is not None else past_key_values
+        if (cache is None or cache.seen_tokens == 0) and attention_mask is not None and not bool(attention_mask[:, -1].all()):
+            raise ValueError("generate continues every row from its last token: pad prompts on the left (tokenizer.padding_side = 'left')")
         if cache is None and inputs_embeds is not None and use_cache:
             # The prompt comes as embeddings: input_ids will hold only the generated tokens.
             cache = SRopeCache(len(self.model.layers))
@@ -274,9 +322,11 @@ class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
         return inputs
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
+                   num_items_in_batch: int | torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Mean next-token cross-entropy (float32), targets ``labels[:, 1:]``; -100 ignored; with
-    ``cu_seqlens`` the target at every document start is ignored too."""
+    ``cu_seqlens`` the target at every document start is ignored too. With
+    ``num_items_in_batch`` the summed cross-entropy divided by it."""
     if labels.shape != logits.shape[:2]:
         raise ValueError(f"labels must be [B, T] = {tuple(logits.shape[:2])}, got {tuple(labels.shape)}")
     targets = labels[:, 1:]
@@ -284,4 +334,7 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch
         # (a fixed-shape mask rather than boolean indexing, which breaks a compiled graph)
         positions = torch.arange(1, labels.shape[1], device=labels.device)
         targets = targets.masked_fill(torch.isin(positions, cu_seqlens[1:-1].to(labels.device, torch.long)), -100)
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+    if num_items_in_batch is None:
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+    summed = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
+    return summed / (num_items_in_batch.to(summed.device) if isinstance(num_items_in_batch, torch.Tensor) else num_items_in_batch)

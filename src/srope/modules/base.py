@@ -67,6 +67,8 @@ class PositionEncoding(nn.Module):
 
     def angles(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None) -> Angles:
         count = self.check_call(x, attention_mask, cu_seqlens)
+        if state is not None:
+            raise TypeError(f"{type(self).__name__} carries no state (its rotate returns None), got {type(state).__name__}")
         return Angles(autocast_input(x), tuple(x.shape[:2]), count, cu_seqlens, state, use_cache)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, angles: Angles):
@@ -108,6 +110,10 @@ class PositionEncoding(nn.Module):
             if not isinstance(value, torch.Tensor) or value.dim() != 4:
                 shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
                 raise ValueError(f"{name} must be a [B, T, heads, head_dim] tensor, got {shape}")
+        if not (q.is_floating_point() and k.is_floating_point()):
+            raise TypeError(f"q and k must be floating point, got {q.dtype} and {k.dtype}")
+        if q.shape[-1] != k.shape[-1] or q.shape[2] % max(k.shape[2], 1):
+            raise ValueError(f"q [B, T, H, D] and k [B, T, Hk, D] need the same D and H a multiple of Hk, got {tuple(q.shape)} and {tuple(k.shape)}")
         if not isinstance(angles, Angles):
             raise TypeError(f"angles must be what this encoding's angles(x) returned, got {type(angles).__name__}")
         if tuple(q.shape[:2]) != angles.rows or tuple(k.shape[:2]) != angles.rows:

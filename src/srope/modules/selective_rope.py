@@ -134,6 +134,8 @@ class SelectiveRoPE(PositionEncoding):
             raise ValueError(f"phase_noise must be a finite number >= 0 (radians), got {phase_noise!r}")
         if isinstance(projection_gain, bool) or not isinstance(projection_gain, (int, float)) or not 0 < projection_gain < math.inf:
             raise ValueError(f"projection_gain must be a finite number > 0, got {projection_gain!r}")
+        if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not 0 < norm_eps < math.inf:
+            raise ValueError(f"norm_eps must be a finite number > 0, got {norm_eps!r}")
         if projection_gain != 1.0 and not (weight_norm and projection == "full-rank"):
             raise ValueError("projection_gain is the initial gain of the weight-normed full-rank projection; "
                              f"it needs projection='full-rank' and weight_norm=True, got {projection=!r}, {weight_norm=!r}")

@@ -33,8 +33,8 @@ def temperature_spectrum(
     if not (math.isfinite(max_value) and max_value > 0):
         raise ValueError(f"max_value must be a positive number, got {max_value}")
     if kind == "rope":
-        if not theta >= 1.0:
-            raise ValueError(f"the rope spectrum needs theta >= 1, got {theta}")
+        if not 1.0 <= theta < math.inf:
+            raise ValueError(f"the rope spectrum needs a finite theta >= 1, got {theta}")
         return max_value * float(theta) ** (-torch.arange(pairs, dtype=torch.float64) / pairs)
     if kind == "rfa":
         if not 0.0 < epsilon < 1.0:

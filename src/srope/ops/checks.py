@@ -34,6 +34,8 @@ def check_tensor(name: str, value, shape: tuple | None = None, *, rank: int | No
 def check_device(device: torch.device, **tensors) -> None:
     """Every given tensor is on ``device`` (q's)."""
     for name, value in tensors.items():
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
         if value is not None and value.device != device:
             raise ValueError(f"{name} is on {value.device} but q is on {device}; put all inputs on one device")
 
@@ -52,6 +54,8 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, length: int) -> int:
             f"cu_seqlens must be a 1-D int32/int64 tensor [N+1] with N >= 1, got dtype "
             f"{cu_seqlens.dtype} and shape {tuple(cu_seqlens.shape)}"
         )
+    if not cu_seqlens.is_contiguous():  # the kernels index it as a flat array
+        raise ValueError("cu_seqlens must be contiguous: pass cu_seqlens.contiguous()")
     if batch != 1:
         raise ValueError(f"packed batches (cu_seqlens) need batch size 1, got {batch}")
     if torch.compiler.is_compiling():  # the host check below is a sync and a graph break: assert on the device

@@ -45,7 +45,10 @@ def causal_conv(
     if state is None:
         state = rows.new_zeros(count, channels, width - 1)
     history = torch.cat([state.to(rows.dtype), rows.transpose(1, 2)], dim=2)  # [N, C, W-1+L]
-    out = F.conv1d(history, weight[:, None, :].to(device=rows.device, dtype=rows.dtype), None if bias is None else bias.to(rows.dtype), groups=channels).transpose(1, 2)
+    if length == 0:  # conv1d refuses an input shorter than its kernel
+        out = rows.new_empty(count, 0, channels)
+    else:
+        out = F.conv1d(history, weight[:, None, :].to(device=rows.device, dtype=rows.dtype), None if bias is None else bias.to(rows.dtype), groups=channels).transpose(1, 2)
     if lengths is None:
         final = history[:, :, history.shape[2] - (width - 1) :]
     else:

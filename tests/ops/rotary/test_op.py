@@ -206,6 +206,7 @@ BAD_INPUTS = [
     ("device mismatch", dict(temperature=torch.ones(3, device="meta")), ValueError, "on one device"),
     ("cu_seqlens with B > 1", dict(cu_seqlens=torch.tensor([0, 5])), ValueError, "batch size 1"),
     ("cu_seqlens float", dict(cu_seqlens=torch.tensor([0.0, 5.0])), ValueError, "int32/int64"),
+    ("cu_seqlens a list", dict(cu_seqlens=[0, 5]), TypeError, "cu_seqlens must be a torch.Tensor"),
     ("unknown backend", dict(backend="cuda"), ValueError, "backend must be one of"),
 ]
 
@@ -227,6 +228,12 @@ def test_bad_cu_seqlens(bounds, match):
     args = _one_row()
     with pytest.raises(ValueError, match=match):
         selective_rope(**args, cu_seqlens=torch.tensor(bounds))
+
+
+def test_strided_cu_seqlens_are_refused():
+    """The kernels read cu_seqlens as a flat array: a strided view would be read as another one."""
+    with pytest.raises(ValueError, match="cu_seqlens must be contiguous"):
+        selective_rope(**_one_row(), cu_seqlens=torch.tensor([0, 9, 2, 9, 5, 9])[::2])
 
 
 @pytest.mark.parametrize("bounds", [[0, 3], [0, 4, 2, 5], [1, 5]])
