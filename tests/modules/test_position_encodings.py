@@ -450,6 +450,8 @@ def test_rope_state_checked():
     q = torch.zeros(2, 3, HEADS, HEAD_DIM)
     with pytest.raises(ValueError, match="state.position must have shape"):
         module(q, q, state=RoPEState(torch.zeros(3, dtype=torch.long)))
+    with pytest.raises(TypeError, match="integer token counts"):
+        module(q, q, state=RoPEState(torch.full((2,), 2.5)))
 
 
 @pytest.mark.parametrize("kind,options", CONFIGS, ids=IDS)

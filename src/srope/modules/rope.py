@@ -58,6 +58,8 @@ class RoPE(PositionEncoding):
         start = torch.zeros(count, dtype=torch.long, device=x.device)
         if state is not None:
             self.check_state(state, RoPEState, {"position": (count,)})
+            if state.position.is_floating_point() or state.position.is_complex():
+                raise TypeError(f"state.position must hold integer token counts, got {state.position.dtype}")
             start = state.position.to(device=x.device, dtype=torch.long)
         steps = torch.arange(length, device=x.device)
         if cu_seqlens is not None:

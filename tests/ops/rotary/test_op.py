@@ -257,3 +257,6 @@ def test_rope_bad_inputs():
         rope(q, q, torch.zeros(1, 3, dtype=torch.long), torch.ones(4))
     with pytest.raises(ValueError, match="inv_freq must be"):
         rope(q, q, torch.zeros(1, 4, dtype=torch.long), torch.ones(5))
+    for dtype in (torch.bool, torch.complex64):
+        with pytest.raises(TypeError, match="integer or real floating"):
+            rope(q, q, torch.zeros(1, 4, dtype=dtype), torch.ones(4))

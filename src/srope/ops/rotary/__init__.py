@@ -152,6 +152,8 @@ def rope(
     """
     batch, length, _, _, head_dim = _check_qk(q, k)
     check_tensor("positions", positions, rank=2, floating=False)
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"positions must be an integer or real floating tensor, got {positions.dtype}")
     check_tensor("inv_freq", inv_freq, rank=1)
     check_device(q.device, positions=positions, inv_freq=inv_freq)
     check_backend(backend, BACKENDS)
