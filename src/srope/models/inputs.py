@@ -51,3 +51,15 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor, attention_mask: tor
         "position_ids must be the positions the model counts itself (past .. past+T-1, or over the real tokens of attention_mask) "
         "or, for one packed row, restart at 0 at each document; the model derives positions from the batch: pass attention_mask or cu_seqlens"
     )
+
+
+def packing(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, attention_mask: torch.Tensor | None, rows: torch.Tensor,
+            past: int) -> torch.Tensor | None:  # fmt: skip
+    """The call's ``cu_seqlens``: as given, or from ``position_ids`` that restart per document
+    (``rows``: the input ids or embeddings, for B and T; ``past``: tokens already cached)."""
+    if position_ids is None or rows is None:  # no rows: the model refuses the call
+        return cu_seqlens
+    packed = cu_seqlens_from_position_ids(position_ids, attention_mask, *rows.shape[:2], past)
+    if packed is not None and cu_seqlens is not None:
+        raise ValueError("pass either cu_seqlens or position_ids that restart at each document, not both")
+    return cu_seqlens if packed is None else packed

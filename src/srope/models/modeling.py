@@ -19,7 +19,7 @@ from srope.layers.common import RMSNorm
 from srope.models.cache import CACHE_FIELD, SRopeCache
 from srope.models.configuration import SRopeConfig
 from srope.models.graphed_decode import DecodeGraphs
-from srope.models.inputs import check_extra_kwargs, check_output_flags, cu_seqlens_from_position_ids
+from srope.models.inputs import check_extra_kwargs, check_output_flags, packing
 from srope.modules import PositionEncoding, ShortConvolution
 from srope.ops.loss import summed_cross_entropy
 from srope.ops.checks import check_cu_seqlens
@@ -167,11 +167,7 @@ class SRopeModel(SRopePreTrainedModel):
             raise TypeError(f"cache must be an SRopeCache (returned by a previous call), got {type(cache).__name__}")
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"the cache holds {len(cache)} layers, this model has {len(self.layers)}")
-        if position_ids is not None:
-            packed = cu_seqlens_from_position_ids(position_ids, attention_mask, batch, length, 0 if cache is None else cache.seen_tokens)
-            if packed is not None and cu_seqlens is not None:
-                raise ValueError("pass either cu_seqlens or position_ids that restart at each document, not both")
-            cu_seqlens = packed if packed is not None else cu_seqlens
+        cu_seqlens = packing(position_ids, cu_seqlens, attention_mask, h, 0 if cache is None else cache.seen_tokens)
         if use_cache is None:  # a cache only where one is useful: inference on unpacked batches
             use_cache = self.config.use_cache and not self.training and cu_seqlens is None
         if use_cache and cache is None:
@@ -277,12 +273,8 @@ class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
         if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
             raise ValueError(f"logits_to_keep must be an integer >= 0 (0: every position), got {logits_to_keep!r}")
         cache = cache if cache is not None else past_key_values
-        if position_ids is not None:
-            batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-            packed = cu_seqlens_from_position_ids(position_ids, attention_mask, batch, length, 0 if cache is None else cache.seen_tokens)
-            if packed is not None and cu_seqlens is not None:
-                raise ValueError("pass either cu_seqlens or position_ids that restart at each document, not both")
-            cu_seqlens = packed if packed is not None else cu_seqlens
+        rows = input_ids if input_ids is not None else inputs_embeds
+        cu_seqlens = packing(position_ids, cu_seqlens, attention_mask, rows, 0 if cache is None else cache.seen_tokens)
         if self._decode_graphs.applies(input_ids, cache, attention_mask=attention_mask, inputs_embeds=inputs_embeds, labels=labels,
                                        cu_seqlens=cu_seqlens, use_cache=use_cache):  # fmt: skip
             return _output(CausalLMOutputWithPast, cache, logits=self._decode_graphs.step(input_ids, cache))
