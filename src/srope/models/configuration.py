@@ -178,8 +178,9 @@ class SRopeConfig(PretrainedConfig):
             raise ValueError(f"selective_rope needs hidden_size ({self.hidden_size}) divisible by the key heads ({kv_heads})")
 
     def mlp_size(self) -> int:
-        """SwiGLU inner size: ``intermediate_size``, else fla's ``hidden·ratio·2/3`` rounded up
-        (to a multiple of 256, or of 8 for hidden sizes below 512)."""
+        """SwiGLU inner size: ``intermediate_size``, else ``hidden·ratio·2/3`` rounded up to a
+        multiple of 256 (fla's rule) for hidden sizes from 512, and of 8 below (ours: fla's
+        rule would widen a width-64 model's MLP from 176 to 256)."""
         if self.intermediate_size is not None:
             return self.intermediate_size
         size, multiple = int(self.hidden_size * self.hidden_ratio * 2 / 3), 256 if self.hidden_size >= 512 else 8

@@ -9,7 +9,7 @@ import torch
 
 from srope.lab.tasks import mad
 from srope.lab.config import apply_overrides
-from srope.lab.tasks.common import IGNORE, rng_for
+from srope.lab.tasks.common import IGNORE, ClassCounts, rng_for
 from tests.lab.tasks.standin import TinyGRU
 
 
@@ -202,3 +202,25 @@ def test_mad_evaluate_uses_macro_accuracy():
     scored = test["test_targets"][test["test_targets"] != IGNORE]
     assert constant["accuracy_micro"] == pytest.approx((scored == 0).mean())
     assert constant["accuracy_macro"] == pytest.approx(1 / len(np.unique(scored)))  # recall 1 for class 0, 0 for the rest
+
+
+def test_mad_accuracy_is_the_row_weighted_mean_of_each_test_batchs_macro_accuracy():
+    """As MAD logs it (torchmetrics per batch, averaged by Lightning), not one macro over the set."""
+    cfg = apply_overrides(mad.PRESETS["paper"], {"only": "memorization/baseline", "max_train_examples": 8, "num_test_examples": 20,
+                                                 "eval_batch_size": 8})  # fmt: skip
+    setting = mad.settings(cfg)[0]
+    prepared = mad.prepare(cfg, setting, None)
+    test_y = torch.as_tensor(mad.datasets(cfg, setting, None)["test_targets"].astype(np.int64))
+    guess = lambda x: (x * 7 + 3) % setting.vocab_size  # noqa: E731  (right on some targets, wrong on most)
+    result = prepared.evaluate(guess)
+    test_x = torch.as_tensor(mad.datasets(cfg, setting, None)["test_inputs"].astype(np.int64))
+    per_batch, pooled = [], ClassCounts(setting.vocab_size)
+    for start in range(0, 20, 8):
+        batch = ClassCounts(setting.vocab_size)
+        batch.update(guess(test_x[start : start + 8]), test_y[start : start + 8])
+        pooled.update(guess(test_x[start : start + 8]), test_y[start : start + 8])
+        per_batch.append((batch.macro(), len(test_x[start : start + 8])))
+    assert [rows for _, rows in per_batch] == [8, 8, 4]
+    assert result["score"] == result["accuracy_macro"] == pytest.approx(sum(v * n for v, n in per_batch) / 20)
+    assert result["accuracy_macro_pooled"] == pytest.approx(pooled.macro())
+    assert result["accuracy_macro"] != pytest.approx(result["accuracy_macro_pooled"])  # the two differ here

@@ -342,6 +342,14 @@ class ClassCounts:
         self.fn += torch.zeros(self.num_classes, dtype=torch.float64).index_add_(0, t[~hit], ones[~hit])
         self.fp += torch.zeros(self.num_classes, dtype=torch.float64).index_add_(0, p[~hit], ones[~hit])
 
+    def merge(self, other: "ClassCounts") -> None:
+        """Add another count of the same classes (e.g. one batch's) to this one."""
+        if other.num_classes != self.num_classes:
+            raise ValueError(f"cannot merge counts of {other.num_classes} classes into {self.num_classes}")
+        self.tp += other.tp
+        self.fp += other.fp
+        self.fn += other.fn
+
     def macro(self) -> float:
         """torchmetrics' ``MulticlassAccuracy(average="macro")``: the mean over classes of
         ``tp / (tp + fn)``, counting every class that occurs as a target *or a prediction*
