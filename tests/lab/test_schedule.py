@@ -40,3 +40,17 @@ def test_warmup_stable_decay():
     values = [warmup_stable_decay(s, total=10, peak=1.0, warmup_steps=2, cooldown_steps=4, min_ratio=0.2) for s in range(10)]
     assert values == pytest.approx([0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2])
     assert warmup_stable_decay(9, total=10, peak=1.0, warmup_steps=0, cooldown_steps=0, min_ratio=0.2) == 1.0
+
+
+def test_no_warm_up_starts_at_the_peak():
+    assert warmup_cosine(0, total=100, peak=1e-3, warmup=0.0) == pytest.approx(1e-3)
+    assert warmup_cosine(99, total=100, peak=1e-3, warmup=0.0) == pytest.approx(1e-4)
+
+
+def test_train_config_refuses_a_schedule_that_would_climb():
+    from srope.lab.train.trainer import TrainConfig
+
+    with pytest.raises(ValueError, match="lr_end .* must not exceed the peak lr"):
+        TrainConfig(lr=5e-5).resolved()
+    with pytest.raises(ValueError, match="warmup is the fraction"):
+        TrainConfig(warmup=1.0).resolved()

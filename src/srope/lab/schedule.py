@@ -19,7 +19,7 @@ TASK_SCHEDULES = ("constant", "cosine", "cosine_epoch", "linear_warmup")
 def warmup_cosine(step: int, *, total: int, peak: float, start: float = 1e-5, end: float = 1e-4, warmup: float = 0.1) -> float:
     """Linear warm-up from ``start`` to ``peak`` over the first ``warmup`` fraction of
     ``total`` steps, then cosine decay to ``end`` at the last step."""
-    warmup_steps = max(1, round(warmup * total))
+    warmup_steps = max(1, round(warmup * total)) if warmup > 0 else 0
     if step < warmup_steps:
         return start + (peak - start) * step / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total - 1 - warmup_steps))

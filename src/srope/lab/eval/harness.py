@@ -21,7 +21,15 @@ What we set in ``--model_args`` (any of them can be overridden with ``--model-ar
 Batches: loglikelihood requests are right-padded by lm-eval, and a causal model's logits at
 real positions do not depend on later padding; generation batches are left-padded with an
 ``attention_mask``, which our models honour. The saved tokenizer prepends ``<s>`` (as
-Mistral's does) and has no pad token; lm-eval then pads with ``<unk>``.
+Mistral's does), pads with ``</s>`` on the left, and lm-eval pads loglikelihood batches itself.
+
+Rolling perplexity (wikitext) is lm-eval's as it stands: its HFLM encodes each document with
+the tokenizer's ``<s>`` and then puts its own prefix token (``<s>`` again) in front, so the
+model reads ``<s> <s> text`` and the first ``<s>`` is scored as a target (on 6,000 characters
+of Hamlet, word perplexity 1% higher than with one ``<s>``). Any model whose tokenizer adds
+``<s>`` (the paper's Mistral tokenizer among them) is scored this way by stock lm-eval, so we
+keep it for comparability; ``--model-args add_bos_token=False`` on a rolling task run alone
+gives the single-``<s>`` number (not on multiple-choice tasks, whose contexts then lose ``<s>``).
 """
 
 from __future__ import annotations

@@ -115,6 +115,10 @@ class TrainConfig(RunConfig):
             raise ValueError(f"fsdp_param_dtype must be 'auto' (the autocast dtype) or 'float32', got {out.fsdp_param_dtype!r}")
         if out.cuda_graph not in ("auto", "on", "off"):
             raise ValueError(f"cuda_graph must be 'auto', 'on' or 'off', got {out.cuda_graph!r}")
+        if not 0 <= out.warmup < 1:
+            raise ValueError(f"warmup is the fraction of the steps spent warming up, in [0, 1), got {out.warmup!r}")
+        if out.lr_end > out.lr:
+            raise ValueError(f"lr_end ({out.lr_end:g}) must not exceed the peak lr ({out.lr:g}): the cosine decays to it; --set lr_end=... lower")
         if out.micro_batch_size is not None and (not isinstance(out.micro_batch_size, int) or out.micro_batch_size < 1):
             raise ValueError(f"micro_batch_size must be a positive integer, got {out.micro_batch_size!r}")
         return out
