@@ -275,7 +275,8 @@ class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
         cache = cache if cache is not None else past_key_values
         rows = input_ids if input_ids is not None else inputs_embeds
         cu_seqlens = packing(position_ids, cu_seqlens, attention_mask, rows, 0 if cache is None else cache.seen_tokens)
-        if self._decode_graphs.applies(input_ids, cache, attention_mask=attention_mask, inputs_embeds=inputs_embeds, labels=labels,
+        plain = not output_hidden_states and return_dict is not False  # what the captured decode step returns
+        if plain and self._decode_graphs.applies(input_ids, cache, attention_mask=attention_mask, inputs_embeds=inputs_embeds, labels=labels,
                                        cu_seqlens=cu_seqlens, use_cache=use_cache):  # fmt: skip
             return _output(CausalLMOutputWithPast, cache, logits=self._decode_graphs.step(input_ids, cache))
         out = self.model(
