@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions, expand_heads
-from srope.ops.checks import compute_dtype
+from srope.ops.checks import compute_dtype, is_finite_number
 from srope.ops.layout import RowLayout
 from srope.ops.mixers import gla
 
@@ -50,7 +50,7 @@ class GatedLinearAttention(MixerLayer):
             raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
         if key_dim < 1 or value_dim < 1:
             raise ValueError(f"hidden_size·expand_k = {key_dim} and hidden_size·expand_v = {value_dim} must be >= 1")
-        if isinstance(gate_logit_normalizer, bool) or not isinstance(gate_logit_normalizer, (int, float)) or not 0 < gate_logit_normalizer < float("inf"):
+        if not is_finite_number(gate_logit_normalizer):
             raise ValueError(f"gate_logit_normalizer must be a finite number > 0 (the decay is logsigmoid(.) / it), got {gate_logit_normalizer!r}")
         if key_dim % num_heads or value_dim % num_heads:
             raise ValueError(

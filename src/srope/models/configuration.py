@@ -8,6 +8,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from srope.modules import POSITION_TYPES, NoPE, RoPE, SelectiveRoPE
+from srope.ops.checks import is_finite_number
 
 MIXERS = ("gla", "gated_deltanet", "forgetting_attn", "attention")
 _POSITION_CLASSES = {"nope": NoPE, "rope": RoPE, "selective_rope": SelectiveRoPE}
@@ -157,7 +158,7 @@ class SRopeConfig(PretrainedConfig):
                 raise ValueError(f"{name} must be a positive integer{' or None' if name in optional else ''}, got {value!r}")
         for name in ("expand_k", "expand_v", "hidden_ratio", "gate_logit_normalizer", "norm_eps"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            if not is_finite_number(value):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         if self.mixer == "gated_deltanet" and self.num_kv_heads not in (None, self.num_heads):
             raise ValueError("gated_deltanet has no grouped keys: leave num_kv_heads unset (or equal to num_heads)")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 
 from srope.modules.base import Angles, PositionEncoding, autocast_input
+from srope.ops.checks import is_finite_number
 from srope.ops.rotary import rope
 from srope.ops.rotary.naive import rope_inverse_frequencies
 
@@ -35,7 +35,7 @@ class RoPE(PositionEncoding):
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
         if head_dim < 2 or rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
             raise ValueError(f"rotary_dim must be even with 2 <= rotary_dim <= head_dim={head_dim}, got {rotary_dim}")
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
+        if not is_finite_number(theta):
             raise ValueError(f"theta must be a positive finite number, got {theta!r}")
         self.head_dim, self.rotary_dim, self.theta = head_dim, rotary_dim, float(theta)
         self._inv_freq: dict = {}

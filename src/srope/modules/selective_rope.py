@@ -20,7 +20,7 @@ from srope import backend
 from srope.modules.base import Angles, PositionEncoding, autocast_input
 from srope.modules.conv import FirstDifference, ShortConvolution
 from srope.modules.spectra import SPECTRA, temperature_spectrum
-from srope.ops.checks import compute_dtype
+from srope.ops.checks import compute_dtype, is_finite_number
 from srope.ops.conv import last_inputs
 from srope.ops.generator.projection import normalized_head_projection
 from srope.ops.layout import RowLayout
@@ -130,11 +130,11 @@ class SelectiveRoPE(PositionEncoding):
             gate = None
         if gate not in GATES:
             raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
-        if isinstance(phase_noise, bool) or not isinstance(phase_noise, (int, float)) or not 0 <= phase_noise < math.inf:
+        if not is_finite_number(phase_noise, positive=False):
             raise ValueError(f"phase_noise must be a finite number >= 0 (radians), got {phase_noise!r}")
-        if isinstance(projection_gain, bool) or not isinstance(projection_gain, (int, float)) or not 0 < projection_gain < math.inf:
+        if not is_finite_number(projection_gain):
             raise ValueError(f"projection_gain must be a finite number > 0, got {projection_gain!r}")
-        if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not 0 < norm_eps < math.inf:
+        if not is_finite_number(norm_eps):
             raise ValueError(f"norm_eps must be a finite number > 0, got {norm_eps!r}")
         if projection_gain != 1.0 and not (weight_norm and projection == "full-rank"):
             raise ValueError("projection_gain is the initial gain of the weight-normed full-rank projection; "

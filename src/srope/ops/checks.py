@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
@@ -10,6 +11,13 @@ import torch
 def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
     """max(float32, inputs): bf16/fp16 compute in float32, float64 stays float64."""
     return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+def is_finite_number(value, *, positive: bool = True) -> bool:
+    """A real, finite int or float (not a bool), > 0 (``positive``) or >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > 0 if positive else value >= 0
 
 
 # The boundaries checked last, (weak reference, tensor version, length, N): a model passes one

@@ -25,8 +25,8 @@ Mistral's does), pads with ``</s>`` on the left, and lm-eval pads loglikelihood 
 
 Rolling perplexity (wikitext) is lm-eval's as it stands: its HFLM encodes each document with
 the tokenizer's ``<s>`` and then puts its own prefix token (``<s>`` again) in front, so the
-model reads ``<s> <s> text`` and the first ``<s>`` is scored as a target (on 6,000 characters
-of Hamlet, word perplexity 1% higher than with one ``<s>``). Any model whose tokenizer adds
+model reads ``<s> <s> text`` and the first ``<s>`` is scored as a target, which raises word
+perplexity a little against a single ``<s>``. Any model whose tokenizer adds
 ``<s>`` (the paper's Mistral tokenizer among them) is scored this way by stock lm-eval, so we
 keep it for comparability; ``--model-args add_bos_token=False`` on a rolling task run alone
 gives the single-``<s>`` number (not on multiple-choice tasks, whose contexts then lose ``<s>``).
