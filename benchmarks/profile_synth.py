@@ -40,6 +40,8 @@ CONFIGS = {  # name: (task, preset, overrides), as experiments/gpu.sh runs them
     "st-gla-s2-authors-srope": ("state_tracking", "authors", {"position_type": "selective_rope"}),
     "mqar-512x64-d64-srope": ("mqar", "zoology", {"configs": "512x64", "d_models": "64", "position_type": "selective_rope"}),
     "mqar-512x64-d512-srope": ("mqar", "zoology", {"configs": "512x64", "d_models": "512", "position_type": "selective_rope"}),
+    "mad-recall-srope": ("mad", "paper", {"only": "in-context-recall/baseline", "position_type": "selective_rope"}),
+    "mad-copying-srope": ("mad", "paper", {"only": "selective-copying/baseline", "position_type": "selective_rope"}),
 }
 SMALL_TRAIN_SET = {"state_tracking": "train_size", "mqar": "train_examples"}  # one batch is drawn: no need for the whole set
 

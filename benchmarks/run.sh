@@ -19,6 +19,8 @@
 #   host        host time per call (empty kernels, srope's ops, GLA layers at tiny sizes): where
 #               an eager step's time goes when the GPU waits for the CPU
 #   ops         the rotation ops against the other implementations, eager and graph
+#   model       benchmarks/bench_model.py: a preset's training step and decoding with each position
+#               encoding, eager and graphed (MODEL_ARGS, e.g. --preset gla-1.3b)
 #   scaling     torchrun srope train on 1 and 2 GPUs, DDP and FSDP2 (benchmarks/bench_scaling.py;
 #               SCALING_ARGS adds e.g. --jobs), on a machine of several GPUs
 #   fused       the host's fused norms and SwiGLU (srope.ops.fused) against float64 on the GPU,
@@ -47,6 +49,7 @@ for stage in "$@"; do
       --only ${PROFILE_ONLY:-mqar-512x64-d64-srope mqar-512x64-d512-srope} --out "$R/profile_synth.json" ;;
     host) run "${HOST_LIMIT:-120}" python3 benchmarks/bench_host.py --out "$R/host.json" ${HOST_ARGS:-} ;;
     ops) run "${OP_LIMIT:-300}" python3 benchmarks/bench_op.py --out "$R/op.json" ;;
+    model) run "${MODEL_LIMIT:-300}" python3 benchmarks/bench_model.py --out "$R/model.json" ${MODEL_ARGS:-} ;;
     scaling) run "${SCALING_LIMIT:-560}" python3 benchmarks/bench_scaling.py --data .data/shakespeare --out "$R/scaling.json" ${SCALING_ARGS:-} ;;
     train) run "${TRAIN_LIMIT:-420}" python3 benchmarks/bench_train.py --data .data/shakespeare --out "$R/train.json" ${TRAIN_ARGS:-} ;;
     *) echo "unknown stage $stage"; exit 2 ;;

@@ -186,6 +186,25 @@ def test_compression_autoencoder_wraps_a_causal_model():
         mad.CompressionAutoEncoder(torch.nn.Sequential(torch.nn.Embedding(16, 4)), 16, 10)
 
 
+def scoring(logits_of, vocab: int):
+    """The runner's ``predict`` for a function of the inputs to logits: argmax, and with
+    targets also their summed cross-entropy and count."""
+
+    def predict(x, targets=None):
+        logits = logits_of(x)
+        if targets is None:
+            return logits.argmax(-1)
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
+        return logits.argmax(-1), float(nll), int((targets != IGNORE).sum())
+
+    return predict
+
+
+def guessing(guess, vocab: int):
+    """``scoring`` for a function that gives predictions: logits 2 at the guess, 0 elsewhere."""
+    return scoring(lambda x: 2.0 * torch.nn.functional.one_hot(guess(x), vocab).float(), vocab)
+
+
 def test_mad_evaluate_uses_macro_accuracy():
     cfg = apply_overrides(mad.PRESETS["paper"], {"only": "selective-copying/baseline", "max_train_examples": 8, "num_test_examples": 16})
     setting = mad.settings(cfg)[0]
@@ -197,11 +216,16 @@ def test_mad_evaluate_uses_macro_accuracy():
         labels = torch.stack([torch.as_tensor(test["test_targets"][table[tuple(r.tolist())]].astype(np.int64)) for r in x]).clamp(min=0)
         return torch.nn.functional.one_hot(labels, setting.vocab_size).float()
 
-    assert prepared.evaluate(lambda x: oracle(x).argmax(-1))["score"] == 1.0
-    constant = prepared.evaluate(lambda x: torch.zeros_like(x))
+    perfect = prepared.evaluate(scoring(lambda x: 3.0 * oracle(x), setting.vocab_size))
+    assert perfect["score"] == 1.0
+    # the mean test loss over the scored targets: every one right with logit 3 against V - 1 zeros
+    assert perfect["loss"] == pytest.approx(-np.log(np.exp(3.0) / (np.exp(3.0) + setting.vocab_size - 1)))
+    constant = prepared.evaluate(guessing(torch.zeros_like, setting.vocab_size))
     scored = test["test_targets"][test["test_targets"] != IGNORE]
     assert constant["accuracy_micro"] == pytest.approx((scored == 0).mean())
     assert constant["accuracy_macro"] == pytest.approx(1 / len(np.unique(scored)))  # recall 1 for class 0, 0 for the rest
+    right, wrong = -np.log(np.exp(2.0) / (np.exp(2.0) + setting.vocab_size - 1)), -np.log(1 / (np.exp(2.0) + setting.vocab_size - 1))
+    assert constant["loss"] == pytest.approx((scored == 0).mean() * right + (scored != 0).mean() * wrong)
 
 
 def test_mad_accuracy_is_the_row_weighted_mean_of_each_test_batchs_macro_accuracy():
@@ -212,7 +236,7 @@ def test_mad_accuracy_is_the_row_weighted_mean_of_each_test_batchs_macro_accurac
     prepared = mad.prepare(cfg, setting, None)
     test_y = torch.as_tensor(mad.datasets(cfg, setting, None)["test_targets"].astype(np.int64))
     guess = lambda x: (x * 7 + 3) % setting.vocab_size  # noqa: E731  (right on some targets, wrong on most)
-    result = prepared.evaluate(guess)
+    result = prepared.evaluate(guessing(guess, setting.vocab_size))
     test_x = torch.as_tensor(mad.datasets(cfg, setting, None)["test_inputs"].astype(np.int64))
     per_batch, pooled = [], ClassCounts(setting.vocab_size)
     for start in range(0, 20, 8):

@@ -102,7 +102,9 @@ class _Scripted:
     def evaluate(self, forward):
         score = self.scores[self.calls]
         self.calls += 1
-        return {"score": score, "tag": self.calls}
+        return {"score": score, "tag": self.calls, **({"loss": self.losses[self.calls - 1]} if self.losses else {})}
+
+    losses: list = []
 
 
 @pytest.mark.parametrize("changes,scores,epochs,stopped,chosen", [
@@ -120,6 +122,21 @@ def test_stopping_rules(changes, scores, epochs, stopped, chosen):
                        lr=1e-3, weight_decay=0.0, seed=0, device=torch.device("cpu"), progress=False)
     assert record["epochs"] == epochs and record["stopped"] == stopped and record["score"] == chosen
     assert record["steps"] == 2 * epochs and [h["score"] for h in record["history"]] == scores[:epochs]
+
+
+def test_min_loss_reports_the_evaluation_of_least_test_loss():
+    cfg = apply_overrides(ST_PRESETS["authors"], {"epochs": 5, "stop_at": None, "select": "min_loss"})
+    fake = _Scripted([0.1, 0.3, 0.2, 0.25, 0.9])
+    fake.losses = [2.0, 1.0, float("nan"), 0.5, 0.7]
+    setting = Setting(name="fake", group="fake", vocab_size=3, max_len=3, params={})
+    record = train_run("state_tracking", cfg, setting, fake.prepared, lambda r: nn.Sequential(nn.Embedding(3, 4), nn.Linear(4, 3)),
+                       lr=1e-3, weight_decay=0.0, seed=0, device=torch.device("cpu"), progress=False)
+    assert record["score"] == 0.25 and record["metrics"]["tag"] == 4 and record["min_loss"]["loss"] == 0.5
+    assert record["final"]["score"] == 0.9 and record["best"]["score"] == 0.9
+    assert [h["loss"] for h in record["history"]][:2] == [2.0, 1.0]
+    with pytest.raises(ValueError, match="min_loss.*report 'loss'"):
+        train_run("state_tracking", cfg, setting, _Scripted([0.1] * 5).prepared, lambda r: nn.Sequential(nn.Embedding(3, 4), nn.Linear(4, 3)),
+                  lr=1e-3, weight_decay=0.0, seed=0, device=torch.device("cpu"), progress=False)
 
 
 def test_a_diverging_run_is_stopped_and_flagged():

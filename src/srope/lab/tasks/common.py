@@ -39,7 +39,9 @@ class TaskConfig(RunConfig):
     tracking), ``"linear_warmup"`` (linear warm-up over ``warmup`` of the steps, then linear
     decay to 0: copying) or ``"constant"``. ``stop_at``: stop once the eval score passes it
     (``>`` or, with ``stop_inclusive``, ``>=``); ``patience``: stop after that many evals
-    without improvement. ``select``: which eval a run reports, ``"final"`` or ``"best"``.
+    without improvement. ``select``: which eval a run reports: ``"final"``, ``"best"`` (the
+    highest score) or ``"min_loss"`` (the lowest test loss, as a best-loss checkpoint gives;
+    for tasks whose evaluation reports ``"loss"``).
     ``max_steps`` caps every run (for quick runs; ``None``: the protocol's length).
     ``max_seconds`` is a wall-clock budget per run (resumed time counted): training stops at
     the first step past it, the run evaluates once more and records ``stopped: "time"``. The
@@ -107,7 +109,7 @@ class TaskConfig(RunConfig):
         return out
 
 
-SELECTS = ("final", "best")
+SELECTS = ("final", "best", "min_loss")
 
 
 def check_train_config(cfg: TaskConfig, auto_batch: bool = False) -> None:
@@ -298,7 +300,9 @@ class SampledStream:
             yield self.sample(rng)
 
 
-Predict = Callable[[torch.Tensor], torch.Tensor]  # LongTensor [B, T] -> argmax predictions [B, T] (int64, CPU)
+# predict(x [B, T]) -> argmax predictions [B, T] (int64, CPU); predict(x, targets [B, T]) ->
+# (predictions, summed cross-entropy over the targets that are not IGNORE, their count)
+Predict = Callable[..., Any]
 
 
 @dataclass
@@ -306,9 +310,11 @@ class Prepared:
     """A setting ready to train: its batch stream, its evaluation and an optional model wrapper.
 
     ``evaluate(predict)`` gets ``predict(LongTensor [B, T]) -> LongTensor [B, T]``, the model's
-    argmax tokens (computed on the model's device, returned on the CPU), and returns a dict
-    with at least ``"score"`` (the selection metric, in [0, 1]),
-    plus optional ``"curves"``: ``{name: {"x": [...], "y": [...]}}``.
+    argmax tokens (computed on the model's device, returned on the CPU; ``predict(x, targets)``
+    also returns the summed cross-entropy over the targets and their count), and returns a
+    dict with at least ``"score"`` (the selection metric, in [0, 1]), optionally ``"loss"``
+    (the mean test cross-entropy, for ``select="min_loss"``) and ``"curves"``:
+    ``{name: {"x": [...], "y": [...]}}``.
     """
 
     train: ArrayStream | SampledStream

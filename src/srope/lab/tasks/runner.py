@@ -195,9 +195,15 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         check_head_at_targets(model)
     loss_of = task_loss(model, vocab, device)
 
-    def predict(x: torch.Tensor) -> torch.Tensor:
+    def predict(x: torch.Tensor, targets: torch.Tensor | None = None):
         with torch.no_grad(), _autocast(device):
-            return task_logits(model, x.to(device), vocab).argmax(-1).cpu()
+            logits = task_logits(model, x.to(device), vocab)
+        preds = logits.argmax(-1).cpu()
+        if targets is None:
+            return preds
+        targets = targets.to(device)
+        nll = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
+        return preds, float(nll), int((targets != IGNORE).sum())
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=weight_decay)
     if cfg.cuda_graph != "off" and device.type == "cuda":
@@ -211,7 +217,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         total = total if cap is None else min(total, cap)
     epochs = math.ceil(total / per_epoch)
     shuffle_rng = rng_for(seed, "shuffle", task, setting.name)
-    history, best, last = [], None, None
+    history, best, last, lowest = [], None, None, None  # lowest: the eval of least test loss
     since_best, step, stopped, diverged = 0, 0, None, False
     identity = {"task": task, "setting": setting.name, "lr": lr, "weight_decay": weight_decay, "seed": seed}
     first_epoch, seconds_before, resumed, eval_seconds = 0, 0.0, None, 0.0
@@ -223,6 +229,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         step, first_epoch, seconds_before = resumed["step"], resumed["epoch"], resumed["seconds"]
         eval_seconds = resumed.get("eval_seconds", 0.0)
         history, best, last, since_best = resumed["history"], resumed["best"], resumed["last"], resumed["since_best"]
+        lowest = resumed.get("lowest")
         # an epoch's order is drawn when it begins; sampled batches are drawn one by one
         shuffle_rng.bit_generator.state = resumed["rng_epoch"] if getattr(stream, "replays_epoch_start", True) else resumed["rng_now"]
 
@@ -230,7 +237,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         state = {
             "run": identity, "epoch": epoch, "position": position, "rng_epoch": rng_epoch, "rng_now": shuffle_rng.bit_generator.state,
             "loss_sum": loss_sum, "loss_count": loss_count, "history": history, "best": best, "last": last, "since_best": since_best,
-            "seconds": seconds_before + time.perf_counter() - start, "eval_seconds": eval_seconds,
+            "lowest": lowest, "seconds": seconds_before + time.perf_counter() - start, "eval_seconds": eval_seconds,
         }  # fmt: skip
         save_checkpoint(run_dir, step, model, optimizer, state, World())
 
@@ -297,11 +304,16 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         eval_seconds += time.perf_counter() - began
         if progress:
             bar.write(f"evaluated after step {step} in {time.perf_counter() - began:.0f} s: score {last['score']:.4f}", file=sys.stderr)
-        history.append({"epoch": epoch + 1, "step": step, "train_loss": mean_loss, "score": last["score"]})
+        history.append({"epoch": epoch + 1, "step": step, "train_loss": mean_loss, "score": last["score"], **({"loss": last["loss"]} if "loss" in last else {})})
         if best is None or last["score"] > best["score"]:
             best, since_best = last, 0
         else:
             since_best += 1
+        if cfg.select == "min_loss":
+            if "loss" not in last:
+                raise ValueError(f"select='min_loss' needs the task's evaluation to report 'loss'; {task} reports {sorted(last)}")
+            if lowest is None or not last["loss"] >= lowest["loss"]:  # a NaN loss is never the lowest, unless the first
+                lowest = last
         if diverged or stopped == "time":
             break
         if out_of_time() and epoch + 1 < epochs:
@@ -319,10 +331,11 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             bar.close()
             return None
     bar.close()
-    chosen = best if cfg.select == "best" else last
+    chosen = {"best": best, "final": last, "min_loss": lowest}[cfg.select]
     record = {
         "setting": setting.name, "group": setting.group, "x": setting.x, "lr": lr, "weight_decay": weight_decay, "seed": seed,
         "score": chosen["score"], "metrics": chosen, "final": _scalars(last), "best": _scalars(best),
+        **({"min_loss": _scalars(lowest)} if lowest is not None else {}),
         "steps": step, "planned_steps": total, "epochs": len(history), "stopped": stopped, "diverged": diverged,
         "parameters": sum(p.numel() for p in model.parameters()), "weights_sha256": weights_digest(model),
         "seconds": round(seconds_before + time.perf_counter() - start, 3), "eval_seconds": round(eval_seconds, 3), "history": history,
