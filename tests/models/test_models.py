@@ -71,6 +71,23 @@ def test_token_by_token_equals_full_forward_float64(mixer, position):
     assert rel_err(torch.cat(steps, 1), full) < 1e-8
 
 
+def test_intermediate_size_zero_builds_blocks_of_the_mixer_alone():
+    """Zoology's MQAR models: each block is h + mixer(norm(h)), no MLP and no second norm."""
+    model = tiny_model("gla", "selective_rope", dtype=torch.float64, intermediate_size=0)
+    assert not [n for n, _ in model.named_parameters() if "mlp" in n]
+    ids = tokens(2, 11, seed=4)
+    block, h = model.model.layers[0], model.model.embeddings(ids)
+    mixed, _ = block.mixer(block.mixer_norm(h))
+    assert torch.equal(block(h)[0], h + mixed)
+    full = model(ids, use_cache=False).logits
+    cache, steps = None, []
+    for t in range(ids.shape[1]):
+        out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+        cache = getattr(out, CACHE_FIELD)
+        steps.append(out.logits)
+    assert rel_err(torch.cat(steps, 1), full) < 1e-8
+
+
 @pytest.mark.parametrize("mixer,position", PAIRS, ids=IDS)
 def test_prefill_then_cached_greedy_decode_equals_full_forward(mixer, position):
     model = tiny_model(mixer, position)
@@ -238,7 +255,8 @@ BAD_CONFIGS = [
     (dict(norm_eps=-1.0), "norm_eps must be a positive finite number"),
     (dict(expand_v=0), "expand_v must be a positive finite number"),
     (dict(hidden_ratio=float("inf")), "hidden_ratio must be a positive finite number"),
-    (dict(intermediate_size=0), "intermediate_size must be a positive integer or None"),
+    (dict(intermediate_size=-1), r"intermediate_size must be a positive integer or None \(0: no MLP\)"),
+    (dict(intermediate_size=False), "intermediate_size must be a positive integer"),
     (dict(gate_low_rank_dim=0), "gate_low_rank_dim must be a positive integer"),
     (dict(mixer="attention", head_dim=0), "head_dim must be a positive integer or None"),
     (dict(conv_size=True), "conv_size must be a positive integer"),

@@ -64,7 +64,8 @@ class SRopeConfig(PretrainedConfig):
         gate_logit_normalizer, gate_low_rank_dim, tie_decay_pairs: GLA's decay.
         use_forget_gate, allow_neg_eigval: GDN (no forget gate = DeltaNet; β ∈ (0, 2)).
         qkv_bias, qk_norm: attention options.
-        hidden_ratio, intermediate_size: SwiGLU MLP size (fla's rule when None).
+        hidden_ratio, intermediate_size: SwiGLU MLP size (fla's rule when None; 0: blocks
+            without an MLP, the mixer alone, as Zoology's MQAR models).
         norm_eps, initializer_range, max_position_embeddings (informational).
     Unknown keyword arguments are an error.
     """
@@ -154,8 +155,11 @@ class SRopeConfig(PretrainedConfig):
             value = getattr(self, name)
             if name in optional and value is None:
                 continue
+            if name == "intermediate_size" and value == 0 and not isinstance(value, bool):
+                continue  # no MLP
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer{' or None' if name in optional else ''}, got {value!r}")
+                extra = " (0: no MLP)" if name == "intermediate_size" else ""
+                raise ValueError(f"{name} must be a positive integer{' or None' if name in optional else ''}{extra}, got {value!r}")
         for name in ("expand_k", "expand_v", "hidden_ratio", "gate_logit_normalizer", "norm_eps"):
             value = getattr(self, name)
             if not is_finite_number(value):
@@ -179,7 +183,7 @@ class SRopeConfig(PretrainedConfig):
             raise ValueError(f"selective_rope needs hidden_size ({self.hidden_size}) divisible by the key heads ({kv_heads})")
 
     def mlp_size(self) -> int:
-        """SwiGLU inner size: ``intermediate_size``, else ``hidden·ratio·2/3`` rounded up to a
+        """SwiGLU inner size (0: no MLP): ``intermediate_size``, else ``hidden·ratio·2/3`` rounded up to a
         multiple of 256 (fla's rule) for hidden sizes from 512, and of 8 below (ours: fla's
         rule would widen a width-64 model's MLP from 176 to 256)."""
         if self.intermediate_size is not None:

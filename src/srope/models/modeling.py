@@ -68,13 +68,16 @@ class SRopeBlock(nn.Module):
         super().__init__()
         self.mixer_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mixer = build_mixer(config)
-        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.mlp_size())
+        has_mlp = config.mlp_size() > 0
+        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps) if has_mlp else None
+        self.mlp = SwiGLU(config.hidden_size, config.mlp_size()) if has_mlp else None
 
     def forward(self, h, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None):
         out, state = self.mixer(
             self.mixer_norm(h), attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout
         )
+        if self.mlp is None:
+            return h + out, state
         x, h = self.mlp_norm(out, residual=h)  # h + out, and its norm, in one kernel on CUDA
         return h + self.mlp(x), state
 

@@ -19,8 +19,8 @@ examples, d_model in 64…512, 2 layers, lr in logspace(-4, -2, 4), AdamW with w
 0.1, 64 epochs with a cosine schedule stepped per epoch, stop once the test accuracy passes
 0.99, batch 512/512/256/128 by length) and ``paper`` (the same with 8 learning rates,
 logspace(-4, -2, 8): the paper's description of its grid, "[1e-4, 1e-2], 8 values", is
-self-contradictory). Zoology's Figure-2 models have no MLP (state mixer = identity); our
-hosts keep theirs. The paper's Selective-RoPE MQAR configuration is not released; the
+self-contradictory). Zoology's Figure-2 models have no MLP (state mixer = identity), and
+neither have these presets' (``model.intermediate_size=0``; the ``cpu`` preset keeps one). The paper's Selective-RoPE MQAR configuration is not released; the
 position options here are the authors' shared defaults. ``cpu``: one small configuration
 that a laptop CPU runs in about a minute (see :data:`CPU`).
 """
@@ -70,7 +70,7 @@ class MQARPreset(TaskConfig):
     min_lr: float = 0.0
     stop_at: float | None = 0.99
     select: str = "final"
-    model: dict = field(default_factory=lambda: {"num_hidden_layers": 2, "num_heads": 2, "use_short_conv": False})
+    model: dict = field(default_factory=lambda: {"num_hidden_layers": 2, "num_heads": 2, "use_short_conv": False, "intermediate_size": 0})
     position: dict = field(default_factory=lambda: {
         "rope": {"theta": 500000.0},
         "selective_rope": {"projection": "low-rank", "projection_rank": 32, "conv_activation": None, "gate": None, "bias": False,
