@@ -328,6 +328,7 @@ def _header(exp: paper.Experiment) -> str:
         f"- Protocol ({p.source}): {p.model}; {p.training}; {p.lengths}; seeds {p.seeds}.",
         f"- Budget per trained model: {_short(p.budget)} {p.budget_unit} ({p.budget_source}). The budget column is ours as a share of it.",
         *(f"- Claim: {claim}" for claim in exp.claims),
+        *([f"- Note: {exp.note}."] if exp.numbers and exp.note else []),
     ]
     return "\n".join(lines)
 
