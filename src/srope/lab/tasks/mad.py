@@ -31,9 +31,10 @@ The 66 settings: each task's baseline plus every single-factor change (11 + 11 +
 the paper): for each setting train with lr in {1e-4, 5e-4, 1e-3} x weight decay in {0, 0.1},
 batch 128, up to 200 epochs, AdamW, cosine over epochs to 1e-6, stop when the test accuracy
 has not improved for 20 epochs or exceeds 0.999; the test accuracy of the checkpoint with the
-lowest test loss (MAD's best checkpoint, evaluated after training) is the setting's result
-(``select="min_loss"``; the final and the highest accuracy are recorded beside it). Score (:func:`protocol_score`): best over the optimiser grid per setting,
-mean over each task's settings, then mean over tasks. 12,800 train (unless the setting
+lowest test loss (MAD's best checkpoint, evaluated after training) is the run's result
+(``select="min_loss"``; the final and the highest accuracy are recorded beside it). Score
+(:func:`protocol_score`): best over the optimiser grid per setting, mean over each task's
+settings, then mean over tasks. 12,800 train (unless the setting
 changes it) and 1,280 test examples per setting. Presets: ``paper`` (default; this protocol) and
 ``cpu`` (in-context recall's baseline only, small enough for a laptop CPU; see :data:`CPU`).
 

@@ -20,8 +20,8 @@ examples, d_model in 64…512, 2 layers, lr in logspace(-4, -2, 4), AdamW with w
 0.99, batch 512/512/256/128 by length) and ``paper`` (the same with 8 learning rates,
 logspace(-4, -2, 8): the paper's description of its grid, "[1e-4, 1e-2], 8 values", is
 self-contradictory). Zoology's Figure-2 models have no MLP (state mixer = identity), and
-neither have these presets' (``model.intermediate_size=0``; the ``cpu`` preset keeps one). The paper's Selective-RoPE MQAR configuration is not released; the
-position options here are the authors' shared defaults. ``cpu``: one small configuration
+neither have these presets' (``model.intermediate_size=0``; the ``cpu`` preset keeps one).
+The paper's Selective-RoPE MQAR configuration is not released; the position options here are the authors' shared defaults. ``cpu``: one small configuration
 that a laptop CPU runs in about a minute (see :data:`CPU`).
 """
 
