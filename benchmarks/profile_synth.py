@@ -80,7 +80,7 @@ def step_profile(task: str, preset: str, overrides: dict, device: torch.device, 
     for part in model.modules():
         if isinstance(part, (RMSNorm, SwiGLU)):
             part.backend = pieces
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if device.type == "cuda" else None)  # as the runner
     x, y = torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
     vocab = setting.vocab_size
 

@@ -205,7 +205,10 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         nll = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
         return preds, float(nll), int((targets != IGNORE).sum())
 
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=weight_decay)
+    # fused on CUDA, as srope train's: one kernel per step, and the same arithmetic whether or
+    # not the step is captured (foreach's capturable path rounds its bias corrections otherwise)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                                  weight_decay=weight_decay, fused=True if device.type == "cuda" else None)  # fmt: skip
     if cfg.cuda_graph != "off" and device.type == "cuda":
         step_fn = graphed_optimizer_step(model, optimizer, loss_of, grad_clip=cfg.grad_clip, strict=cfg.cuda_graph == "on")
     else:
