@@ -181,6 +181,24 @@ def test_a_time_limited_run_counts_the_steps_it_trained_and_says_so(tmp_path):
     assert "runs ended by a time limit before their planned steps" in text
 
 
+def test_time_limited_runs_of_a_row_are_one_note(tmp_path):
+    """Several seeds of a variant, two of three ended by a time limit: one note with their count
+    and range of steps, not one note per run."""
+    from srope.lab.report.write import write_report
+
+    from .conftest import _write, head, run, synth
+
+    cfg = {"group": "S2", "train_len": 128, "eval_len": 512, "train_size": 2_000_000, "eval_size": 500_000, "epochs": 100, "batch_size": 4096,
+           "lrs": [1e-3], "mixer": "attention", "model": {"hidden_size": 384, "num_hidden_layers": 1, "num_heads": 12}}
+    settings = [{"name": "S2", "params": {}, "max_len": 129}]
+    records = [{**run("S2", seed, 0.0, {"seq_acc_at_train_len": 0.5}, planned=48_900), "steps": steps, "stopped": stopped}
+               for seed, steps, stopped in ((1, 1_500, "time"), (2, 900, "threshold"), (3, 1_400, "time"))]
+    _write(tmp_path / "st-srope/results.json", synth("state_tracking", "selective_rope", records, cfg, settings, head()))
+    write_report([tmp_path], tmp_path / "report")
+    row = next(line for line in (tmp_path / "report" / "state_tracking.md").read_text().splitlines() if line.startswith("| gla/selective_rope ("))
+    assert "(time limit: 2 of 3 runs at 1,400–1,500 of 48,900 steps)" in row and row.count("time limit") == 1
+
+
 def test_the_state_tracking_preset_eval_size_is_the_one_the_report_names():
     from srope.lab.report.collect import ST_PRESET_EVAL_SIZE
     from srope.lab.tasks.state_tracking import PRESETS

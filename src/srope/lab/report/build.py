@@ -121,6 +121,18 @@ class Row:
     def sources(self) -> list[Path]:
         return list(dict.fromkeys(s for r in self.runs for s in r.sources))
 
+    @property
+    def time_limit(self) -> str | None:
+        """The runs a time limit ended before their planned steps, in one note (None: none)."""
+        timed = [pair for r in self.runs for pair in r.time_limited]
+        if not timed:
+            return None
+        steps, planned = sorted(s for s, _ in timed), sorted({p for _, p in timed})
+        span = f"{steps[0]:,}" if steps[0] == steps[-1] else f"{steps[0]:,}–{steps[-1]:,}"
+        of = f"{planned[0]:,}" if len(planned) == 1 else f"{planned[0]:,}–{planned[-1]:,}"
+        runs = sum(r.trained for r in self.runs)
+        return f"time limit: {span} of {of} steps" if runs == 1 else f"time limit: {len(timed)} of {runs} runs at {span} of {of} steps"
+
 
 def _rows(runs: list[Run]) -> list[Row]:
     groups: dict[tuple, list[Run]] = {}
@@ -271,7 +283,7 @@ def paper_cell(exp: paper.Experiment | None, row_name: str | None, column: str, 
 
 def _label_cell(row: Row) -> str:
     marks = ("†" if row.stale else "") + ("‡" if row.unknown else "")
-    shown = [n for n in row.notes if n in ("incomplete", "diverged") or n.startswith(("time limit", "eval set"))]
+    shown = [n for n in row.notes if n in ("incomplete", "diverged") or n.startswith("eval set")] + ([row.time_limit] if row.time_limit else [])
     extra = f" ({', '.join(shown)})" if shown else ""
     return row.label + marks + extra
 
@@ -297,7 +309,7 @@ def _beats(a: tuple | None, b: tuple | None, margin: float = MARGIN) -> bool:
 def _caveats(rows: Iterable[Row]) -> str:
     rows = list(rows)
     out = " (one seed: the spread is unknown)" if any(len(r.runs) < 2 for r in rows) else ""
-    if any(n.startswith("time limit") for r in rows for n in r.notes):
+    if any(r.time_limit for r in rows):
         out += " (runs ended by a time limit before their planned steps, see the budget column: not learning there says little)"
     return out
 

@@ -124,6 +124,8 @@ class Run:
     provenance: list[Provenance] = field(default_factory=list)
     sources: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    time_limited: list[tuple[int, int]] = field(default_factory=list)  # (steps, planned steps) of each run a time limit ended
+    trained: int = 1  # how many runs (settings) this seed's numbers come from
     train_len: int | None = None
     ablation_row: str | None = None  # the LM ablation's row (v3 Table 2)
     config: dict = field(default_factory=dict)  # the protocol's settings, to tell apart groups that read alike
@@ -352,6 +354,7 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
         metrics: dict[str, float] = {}
         curves: dict[str, tuple[list, list]] = {}
         budget = 0.0
+        seed_notes, time_limited = list(notes), []
         for setting, record in mine.items():
             examples = _run_examples(task, cfg, pool["settings"].get(setting, {}), record)
             budget = budget + examples if examples is not None and budget is not None else None
@@ -361,12 +364,12 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
                 metrics.update({k: v for k, v in record["metrics"].items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
                 for name, curve in record["metrics"].get("curves", {}).items():
                     curves[name] = (curve["x"], curve["y"])
-            if record.get("diverged"):
-                notes = [*notes, "diverged"] if "diverged" not in notes else notes
+            if record.get("diverged") and "diverged" not in seed_notes:
+                seed_notes.append("diverged")
             if record.get("stopped") == "time":
-                notes = [*notes, f"time limit: {record['steps']:,} of {record['planned_steps']:,} steps"]
+                time_limited.append((record["steps"], record["planned_steps"]))
         if task == "state_tracking" and cfg.get("eval_size") not in (None, ST_PRESET_EVAL_SIZE):
-            notes = [*notes, f"eval set {cfg['eval_size']:,} sequences, not {ST_PRESET_EVAL_SIZE:,}"]
+            seed_notes.append(f"eval set {cfg['eval_size']:,} sequences, not {ST_PRESET_EVAL_SIZE:,}")
         if task == "mad":
             metrics = {**mad_scores(metrics), **{f"s:{name}": score for name, score in metrics.items()}}
         elif task == "state_tracking" and budget is not None:
@@ -377,7 +380,8 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
         runs.append(Run(
             experiment=experiment, group_key=group_key, group=_synth_group(task, cfg, pool["preset"]), variant_key=variant_key, label=pool["label"],
             paper_row=pool["paper_row"], seed=seed, metrics=metrics, curves=curves, budget=budget or None, fields=fields,
-            provenance=list(dict.fromkeys(p for group, _ in provs for p in group)), sources=list(dict.fromkeys(src for _, src in provs)), notes=list(notes),
+            provenance=list(dict.fromkeys(p for group, _ in provs for p in group)), sources=list(dict.fromkeys(src for _, src in provs)), notes=seed_notes,
+            time_limited=time_limited, trained=len(mine),
             train_len=cfg.get("train_len") or cfg.get("max_len"), config={k: v for k, v in cfg.items() if k not in _NOT_PROTOCOL},
         ))  # fmt: skip
     return runs
