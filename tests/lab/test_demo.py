@@ -407,6 +407,27 @@ def test_seeds_summary_matches_the_single_runs(tmp_path, capsys):
         demo.run_demo_seeds(tmp_path, seeds=[0, -1], config=TINY, progress=False)
 
 
+def test_every_seed_records_the_commit_the_command_began_with(tmp_path, monkeypatch):
+    """The workers run the code imported when --seeds began: a commit made while they train
+    (HEAD moved between seeds) is not what the later seeds' results or the summary name."""
+    from srope.lab import provenance
+
+    monkeypatch.setenv("SROPE_COMMIT", "a" * 40)
+    original = demo.eval_sets
+
+    def moving_head(*args, **kwargs):  # each seed starts by drawing its evaluation sets
+        out = original(*args, **kwargs)
+        monkeypatch.setenv("SROPE_COMMIT", "b" * 40)
+        return out
+
+    monkeypatch.setattr(demo, "eval_sets", moving_head)
+    summary = demo.run_demo_seeds(tmp_path, seeds=[0, 1], config=TINY, progress=False)
+    assert provenance.commit()[0] == "b" * 40
+    assert summary["provenance"]["commit"] == "a" * 40 and summary["provenance"]["seeds"] == [0, 1]
+    for seed in (0, 1):
+        assert json.loads((tmp_path / f"seed{seed}" / "results.json").read_text())["provenance"]["commit"] == "a" * 40
+
+
 def test_cli_seed_list():
     from srope.lab.cli import _seed_list, build_parser
 

@@ -593,6 +593,12 @@ def run_demo(out: str | os.PathLike = "out/demo", device: str = "cpu", seed: int
             top level under ``if __name__ == "__main__":`` (as for any multiprocessing).
         progress: show a progress bar.
     """
+    return _run_demo(out, device, seed, preset=preset, config=config, workers=workers, progress=progress, source=provenance.commit())
+
+
+def _run_demo(out, device, seed, *, preset, config, workers, progress, source: tuple[str | None, bool | None]) -> dict:
+    """:func:`run_demo` with ``source``, the commit taken when the whole command began: the
+    worker processes run the code imported then, whatever is committed while they train."""
     check_args(out, device, seed, preset, workers)
     if config is None:
         config = PRESETS[preset or device]
@@ -603,7 +609,7 @@ def run_demo(out: str | os.PathLike = "out/demo", device: str = "cpu", seed: int
     cores = os.cpu_count() or 1
     workers = default_workers(device, cores) if workers is None else workers
     threads = max(1, cores // workers)
-    start, cpu_start, source = time.perf_counter(), _cpu_seconds(), provenance.commit()
+    start, cpu_start = time.perf_counter(), _cpu_seconds()
 
     data = eval_sets(config, seed)
     bar = _progress(config.steps * len(POSITIONS), f"parity, {config.name} preset, seed {seed}", progress)
@@ -659,9 +665,9 @@ def run_demo_seeds(out: str | os.PathLike = "out/demo", device: str = "cpu", see
         raise ValueError(f"seeds must be non-empty and distinct, got {seeds}")
     for seed in seeds:
         check_args(out, device, seed, preset, workers)
-    start = time.perf_counter()
-    runs = {seed: run_demo(out=Path(out) / f"seed{seed}", device=device, seed=seed, preset=preset, config=config, workers=workers,
-                           progress=progress)
+    start, source = time.perf_counter(), provenance.commit()
+    runs = {seed: _run_demo(Path(out) / f"seed{seed}", device, seed, preset=preset, config=config, workers=workers, progress=progress,
+                            source=source)
             for seed in seeds}
     per_seed = {str(seed): {"seq_acc": {kind: run["results"][kind]["seq_acc"] for kind in POSITIONS},
                             "targets": run["targets"], "meets_all": all(run["targets"].values()), "seconds": run["seconds"]}
@@ -672,6 +678,7 @@ def run_demo_seeds(out: str | os.PathLike = "out/demo", device: str = "cpu", see
         "meets_all": sum(entry["meets_all"] for entry in per_seed.values()),
         "selective_rope_learns": sum(entry["targets"]["selective_rope_learns"] for entry in per_seed.values()),
         "seconds": round(time.perf_counter() - start, 3), "per_seed": per_seed,
+        "provenance": provenance.record(source=source, seeds=seeds, device=device, wall_s=round(time.perf_counter() - start, 3)),
     }
     path = Path(out)
     (path / "summary.json").write_text(json.dumps(summary, indent=1))
