@@ -123,13 +123,14 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device(args.device)
-    results = {}
+    results, source = {}, provenance.commit()
     for name in args.only or CONFIGS:
         for pieces in args.pieces:
             key = f"{name}/{pieces}"
             results[key] = step_profile(*CONFIGS[name], device, args.steps, args.batch, pieces)
             print(key, {k: v for k, v in results[key].items() if k != "kernels"}, flush=True)
-    write_json(args.out, {"provenance": provenance.record(), "environment": environment(), "configs": results})
+            # after every configuration: a call's time limit that cuts the run keeps what it measured
+            write_json(args.out, {"provenance": provenance.record(source=source), "environment": environment(), "configs": results})
 
 
 if __name__ == "__main__":
