@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, git_commit, write_json  # noqa: E402
+from common import environment, write_json  # noqa: E402
 
 from srope.layers import GatedLinearAttention  # noqa: E402
 from srope.ops import rope, selective_rope  # noqa: E402
@@ -215,7 +215,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         sys.exit("bench_host measures launches on a GPU: no CUDA device here")
     cases = build_cases()
-    report = {"environment": {**environment(), "commit": git_commit()}, "command": " ".join(sys.argv), "calls": args.calls,
+    report = {"environment": environment(), "command": " ".join(sys.argv), "calls": args.calls,
               "entries": entries(cases, args.calls), "profiles": {}}
     words = [w for w in args.profile.split(",") if w]
     for name, fn in cases.items():

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import environment, git_commit, train_cli, write_json
+from common import environment, train_cli, write_json
 
 # NVLink multicast stays off on the lent machines (it can take a shared host's GPUs down).
 SAFE_NCCL = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -127,7 +127,7 @@ def main() -> int:
     visible = torch.cuda.device_count() if args.device == "cuda" else os.cpu_count()
     for name, value in SAFE_NCCL.items():
         os.environ[name] = value
-    report = {"environment": environment() | {"commit": git_commit(), "gpus_visible": visible}, "command": " ".join(sys.argv),
+    report = {"environment": environment() | {"gpus_visible": visible}, "command": " ".join(sys.argv),
               "args": vars(args), "runs": []}  # fmt: skip
     for job in jobs:
         if job["gpus"] > visible:

@@ -26,7 +26,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from common import environment, git_commit, train_cli, write_json
+from common import environment, train_cli, write_json
 
 
 def srope_train(args, position: str, mode: str) -> dict:
@@ -188,7 +188,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=400)
     parser.add_argument("--out", default="out/bench/train.json")
     args = parser.parse_args()
-    report = {"environment": environment() | {"commit": git_commit()}, "command": " ".join(sys.argv), "args": vars(args), "train": [], "generate": []}
+    report = {"environment": environment(), "command": " ".join(sys.argv), "args": vars(args), "train": [], "generate": []}
     if args.repeats < 1 or args.generate_repeats < 1:
         parser.error("--repeats and --generate-repeats must be >= 1")
     train_jobs = [("train", srope_train, (args, p, m)) for m in args.modes.split(",") for p in args.positions.split(",")]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import platform
 import re
 import statistics
@@ -31,8 +30,15 @@ def version(dist: str) -> str | None:
 
 
 def environment() -> dict:
-    """GPU and library versions, recorded with every result."""
+    """Where a result came from, recorded with every result: the commit (``SROPE_COMMIT`` on a
+    device copy, else HEAD), the command, library versions, date and GPU."""
+    from srope.lab import provenance
+
+    head, dirty = provenance.commit()
     info = {
+        "commit": head,
+        "dirty": dirty,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": version("triton"),
@@ -48,16 +54,6 @@ def environment() -> dict:
         # srope's kernels launched with programmatic dependent launch (SROPE_PDL)
         info["programmatic_dependent_launch"] = bool(pdl(torch.empty(0, device="cuda")))
     return info
-
-
-def git_commit() -> str | None:
-    """``SROPE_COMMIT`` (the device copy's .git, if any, can be older than its files), else HEAD."""
-    if os.environ.get("SROPE_COMMIT"):
-        return os.environ["SROPE_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def train_cli(command: list[str], *, timeout: float, skip: int) -> dict:

@@ -4,30 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.kernels  # Triton kernels: the pass of their own (tests/conftest.py)
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 # --dry-run times the Triton ops on the CPU, which only the interpreter runs (on a GPU machine
 # without it they are recorded as skipped, and the GPU run itself is the benchmark)
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="the dry run's Triton ops need TRITON_INTERPRET=1")
-def test_bench_op_dry_run_writes_the_json_and_table(tmp_path, monkeypatch):
+def test_bench_op_dry_run_writes_the_json_and_table(tmp_path, run_benchmark):
     out = tmp_path / "op.json"
-    argv = ["bench_op.py", "--dry-run", "--out", str(out), "--only", "srope_triton,srope_torch,rope_fla,rope_srope"]
-    monkeypatch.setattr(sys, "argv", argv)
-    try:
-        runpy.run_path(str(ROOT / "benchmarks" / "bench_op.py"), run_name="__main__")
-    except SystemExit as done:
-        assert done.code == 0
+    run_benchmark("bench_op", "--dry-run", "--out", str(out), "--only", "srope_triton,srope_torch,rope_fla,rope_srope")
     report = json.loads(out.read_text())
     assert {"gpu", "torch", "triton", "fla", "results"} <= set(report)
+    assert report["env"]["commit"] and "bench_op.py --dry-run" in report["env"]["command"]
     by_impl = {}
     for entry in report["results"]:
         assert {"impl", "shape", "dtype", "fwd_ms", "bwd_ms", "fwd_bwd_ms", "floor_ms"} <= set(entry), entry
