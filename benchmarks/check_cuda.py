@@ -4,8 +4,8 @@
   at the 370M layer geometry: GLA hidden 1024 x 4 heads, GDN 8 heads of 128, FoX/attention
   16 heads of 64; relative RMS errors as fla's get_err_ratio): forward logits and all
   parameters' gradients together, float32 (fla's kernels use TF32: about 5e-3 is expected)
-  and under bf16 autocast, with the three parameters of largest error (small, cancelling
-  gradients such as the phase generator's amplify kernel rounding); a packed batch
+  and under bf16 autocast, with the three parameters of largest error (under bf16 mostly the
+  first token's, through GLA's output norm: docs/kernels.md, "Mixers"); a packed batch
   (``cu_seqlens``, 3 documents, one of a single token) against the documents one by one;
   prefill + cached token-by-token decoding against the full forward. The bf16 errors are
   bounded by the larger of 3e-2 and twice the error of the CPU's own bf16 autocast run
