@@ -17,9 +17,9 @@ import argparse
 
 import torch
 
-from benchmarks.bench_layer import POSITIONS, build
-from benchmarks.bench_op import kernel_time
-from benchmarks.common import ROOT, environment, median_ms, write_json
+from bench_layer import POSITIONS, build
+from bench_op import kernel_time
+from common import ROOT, environment, median_ms, write_json
 from srope.ops.conv import short_conv
 from srope.ops.layout import RowLayout
 

@@ -10,7 +10,7 @@ without it, the eager step's GPU kernel time and its top kernels. ``--pieces`` r
 configuration with the host's norms and SwiGLU from fla (``auto``, the default path) and from
 PyTorch (``torch``), side by side in one process.
 
-    python benchmarks/profile_synth.py --out $OUT/profile_synth.json
+    python benchmarks/profile_synth.py --out out/bench/profile_synth.json
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.bench_op import kernel_time
-from benchmarks.common import environment, write_json
+from bench_op import kernel_time
+from common import environment, write_json
 from srope.lab import provenance
 from srope.lab.cli import srope_model_factory
 from srope.lab.graphed import graphed_optimizer_step

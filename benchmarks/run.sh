@@ -40,12 +40,12 @@ for stage in "$@"; do
     fused)
       # one autotune candidate, in a cache of its own (it must not leave first-config choices behind)
       TRITON_CACHE_DIR=/tmp/triton-fast run "${FUSED_TEST_LIMIT:-240}" python3 benchmarks/fast_autotune.py -m pytest -q -p no:cacheprovider tests/ops/test_fused.py
-      run "${FUSED_PROFILE_LIMIT:-240}" python3 -m benchmarks.profile_synth --only copying-nope copying-srope \
+      run "${FUSED_PROFILE_LIMIT:-240}" python3 benchmarks/profile_synth.py --only copying-nope copying-srope \
         --out "$R/profile_synth.json" ;;
     layers)
       run "${LAYER_LIMIT:-240}" python3 benchmarks/bench_layer.py --out "$R/layer.json"
-      PYTHONPATH=$PYTHONPATH:$PWD/benchmarks run "${PROFILE_LIMIT:-150}" python3 -m benchmarks.profile_layer --python --out "$R/profile_layer.json" ;;
-    synth) SROPE_AUTOTUNE=${AUTOTUNE:-first} run "${SYNTH_LIMIT:-300}" python3 -m benchmarks.profile_synth --pieces auto \
+      run "${PROFILE_LIMIT:-150}" python3 benchmarks/profile_layer.py --python --out "$R/profile_layer.json" ;;
+    synth) SROPE_AUTOTUNE=${AUTOTUNE:-first} run "${SYNTH_LIMIT:-300}" python3 benchmarks/profile_synth.py --pieces auto \
       --only ${PROFILE_ONLY:-mqar-512x64-d64-srope mqar-512x64-d512-srope} --out "$R/profile_synth.json" ;;
     host) run "${HOST_LIMIT:-120}" python3 benchmarks/bench_host.py --out "$R/host.json" ${HOST_ARGS:-} ;;
     ops) run "${OP_LIMIT:-300}" python3 benchmarks/bench_op.py --out "$R/op.json" ;;
