@@ -52,10 +52,11 @@ class TaskConfig(RunConfig):
     finished run's weights (``DIR/runs/NAME/model.safetensors``). Neither changes a number,
     so a resumed sweep may change them.
 
-    ``cuda_graph``: on CUDA the training step (forward, loss, backward, clipping, AdamW) can be
+    ``cuda_graph``: on CUDA the training step (forward, loss, backward, clipping, AdamW) is
     captured once and replayed (:func:`srope.lab.graphed.graphed_optimizer_step`), which takes
-    the host out of a small model's step; an epoch's last, smaller batch runs eagerly. Off by
-    default until it has been checked against the eager step on the GPU for every task.
+    the host out of a small model's step; an epoch's last, smaller batch runs eagerly. ``auto``
+    (the default) falls back to eager where a capture fails, ``on`` raises, ``off`` is eager;
+    on other devices the step is eager.
 
     ``head_at_targets``: the output head and the loss only at the positions that have
     targets (their flat indices come from the batch's host copy, so nothing waits on the
@@ -90,7 +91,7 @@ class TaskConfig(RunConfig):
     # synthetic model (copying: 4 layers of 512, 14.9M parameters, with AdamW's moments) is 180 MB.
     checkpoint_every: int = 200
     save_weights: bool = False
-    cuda_graph: str = "off"  # "auto": the training step as a CUDA graph on CUDA; "on": that or an error; "off"
+    cuda_graph: str = "auto"  # the training step as a CUDA graph on CUDA, else eager; "on": that or an error; "off": eager
     head_at_targets: bool = False  # the output head only at the positions that have targets
     mixer: str = "gla"
     model: dict = field(default_factory=dict)

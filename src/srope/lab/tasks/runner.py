@@ -67,6 +67,9 @@ ModelFactory = Callable[[ModelRequest], nn.Module]
 RESULTS_FILE, PLOT_FILE, RUNS_DIR, WEIGHTS_FILE = "results.json", "results.png", "runs", "model.safetensors"
 # Settings a resumed sweep may change: they change no number it computes.
 RESUME_MAY_CHANGE = frozenset({"checkpoint_every", "save_weights"})
+# What a run whose results.json predates a setting ran with, where that is not the setting's
+# default today (cuda_graph's default was "off" until its GPU check passed).
+SETTINGS_BEFORE_THEY_EXISTED = {"cuda_graph": "off"}
 
 
 def get_task(name: str):
@@ -461,8 +464,9 @@ def _previous_results(out: Path, task: str, preset_name: str, cfg, resume: bool)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"--resume: {path} is not the results of a srope synth run ({type(error).__name__}: {error})") from None
     now = {"task": task, "preset": preset_name, **cfg.to_dict()}
-    # a setting added after the run started ran as its default
-    before = {**{f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}, **before}
+    # a setting added after the run started ran as its default then
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
+    before = {**defaults, **SETTINGS_BEFORE_THEY_EXISTED, **before}
     changed = [f"{key} {before.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
                for key in dict.fromkeys([*before, *now]) if key not in RESUME_MAY_CHANGE and before.get(key) != now.get(key)]
     if changed:
