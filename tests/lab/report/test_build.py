@@ -206,9 +206,11 @@ def test_the_state_tracking_preset_eval_size_is_the_one_the_report_names():
     assert {PRESETS[name].eval_size for name in ("authors", "paper", "paper_a3")} == {ST_PRESET_EVAL_SIZE}
 
 
-def test_runs_that_differ_only_in_their_time_limit_share_one_protocol(tmp_path):
+def test_runs_that_differ_only_in_their_time_limit_or_step_implementation_share_one_protocol(tmp_path):
     """max_seconds is a wall-clock cap, not protocol: runs that trained all their steps under
-    different caps are compared in one table (a run the cap stopped says so in its row)."""
+    different caps are compared in one table (a run the cap stopped says so in its row). So
+    are the step's implementation choices (cuda_graph, head_at_targets: the same loss), also
+    for a record written before they existed."""
     from srope.lab.report.write import write_report
 
     from .conftest import _write, copying_runs, head, synth
@@ -216,8 +218,9 @@ def test_runs_that_differ_only_in_their_time_limit_share_one_protocol(tmp_path):
     base = {"steps": 1000, "batch_size": 256, "min_len": 2, "max_len": 64, "eval_lengths": "2-512:30",
             "model": {"hidden_size": 512, "num_hidden_layers": 4, "num_heads": 16}}
     settings = [{"name": "copy", "params": {}, "max_len": 420}]
-    for position, limit, accs in (("nope", 437.0, (0.05,)), ("rope", 889.0, (0.0,)), ("selective_rope", 889.0, (0.8,))):
-        cfg = {**base, "max_seconds": limit}
+    steps = ({}, {"cuda_graph": "off", "head_at_targets": False}, {"cuda_graph": "auto", "head_at_targets": True})
+    for (position, limit, accs), step in zip((("nope", 437.0, (0.05,)), ("rope", 889.0, (0.0,)), ("selective_rope", 889.0, (0.8,))), steps):
+        cfg = {**base, "max_seconds": limit, **step}
         _write(tmp_path / f"copy-{position}/results.json", synth("copying", position, copying_runs(accs), cfg, settings, head()))
     out = tmp_path / "report"
     write_report([tmp_path], out)
