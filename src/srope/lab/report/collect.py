@@ -45,9 +45,8 @@ SELECTIVE_ROPE_DEFAULTS = {"conv_activation": "silu", "gate": "standard", "bias"
 SIZE_KEYS = {"num_hidden_layers", "hidden_size", "num_heads", "head_dim", "expand_k", "expand_v", "vocab_size", "intermediate_size",
              "hidden_ratio", "max_position_embeddings", "tie_word_embeddings"}
 # Config entries that do not change what a run measures (or that the report pools over). A
-# wall-clock limit is not protocol either: a run it stopped says so in its row and budget.
-# how a run was carried out, not what it measured: runs that differ only in these share a table
-# (cuda_graph and head_at_targets compute the same loss and update)
+# wall-clock limit is not protocol either: a run it stopped says so in its row and budget; nor
+# are cuda_graph and head_at_targets, which compute the same loss and update.
 _NOT_PROTOCOL = {"seeds", "threads", "position_type", "position", "tasks", "only", "lrs", "weight_decays", "eval_batch_size",
                  "max_seconds", "checkpoint_every", "save_weights", "cuda_graph", "head_at_targets"}
 
