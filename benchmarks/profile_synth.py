@@ -5,7 +5,7 @@ For each configuration, the model ``srope synth`` builds for it, one batch of th
 shape drawn by the task itself, and the runner's step (bf16 autocast on CUDA, cross-entropy
 over the vocabulary, AdamW): the batch's host time, the step's wall time (median of
 ``--steps``, synchronised), with the head at the scored positions only (``--set
-head_at_targets=true``), on CUDA also as a CUDA graph (``--set cuda_graph=on``) with and
+head_at_targets=on``), on CUDA also as a CUDA graph (``--set cuda_graph=on``) with and
 without it, the eager step's GPU kernel time and its top kernels. ``--pieces`` runs each
 configuration with the host's norms and SwiGLU from fla (``auto``, the default path) and from
 PyTorch (``torch``), side by side in one process.
@@ -94,7 +94,7 @@ def step_profile(task: str, preset: str, overrides: dict, device: torch.device, 
     out = {"batch": list(x.shape), "parameters": sum(p.numel() for p in model.parameters()), "host_batch_ms": round(host_ms, 2),
            "step_ms": median_ms(step, steps, device)}
     out["tokens_per_s"] = round(x.numel() / out["step_ms"] * 1e3)
-    if hasattr(model, "lm_head"):  # --set head_at_targets=true
+    if hasattr(model, "lm_head"):  # --set head_at_targets=on
         out["scored_positions"] = int(scored.numel())
         out["head_at_targets_step_ms"] = median_ms(lambda: eager(0, 1e-4, x, y, scored), steps, device)
     if device.type == "cuda":  # the runner's step with --set cuda_graph=on, with and without head_at_targets

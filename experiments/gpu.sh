@@ -207,13 +207,15 @@ LIST
       # MQAR_LRS x MQAR_SEEDS, MQAR_JOBS runs of each at once, the three sweeps side by side;
       # MQAR_SET adds --set options (a budget: epochs=..., max_seconds=...). The head runs at the
       # 64 scored positions only (head_at_targets: 3.0x fewer ms a step than the full logits as a
-      # CUDA graph, benchmarks/profile_synth.py at d 64 on an H100). Autotuning cut to
-      # the first candidate that runs unless AUTOTUNE says otherwise (minutes per width). Each run
-      # process held about 12 GiB on the H200: 3 sweeps x 4 jobs ran it out of memory, 3 x 3
-      # leaves about 30 GiB.
+      # CUDA graph, benchmarks/profile_synth.py at d 64 on an H100; "on" rather than the default
+      # "auto", as the sweeps begun with it recorded). Autotuning cut to the first candidate that
+      # runs unless AUTOTUNE says otherwise (minutes per width). Memory: with graphs and the head
+      # at the targets each run process at d 64-128 held 5-7.5 GiB, and the evaluation's full
+      # logits (eval_batch_size 256: 2 GiB in bf16, twice that in float32) ran 2 of 3 sweeps x 4
+      # jobs out of memory on an H100; --set eval_batch_size=64 in MQAR_SET takes a quarter.
       export SROPE_AUTOTUNE=${AUTOTUNE:-first}
       local M="--set configs=512x64 --set d_models=${MQAR_WIDTHS:-64,128,256,512} --set lrs=${MQAR_LRS:-0.0001,0.000464,0.00215,0.01}"
-      M="$M --set seeds=${MQAR_SEEDS:-0,1,2} --set head_at_targets=true --jobs ${MQAR_JOBS:-3} ${MQAR_SET:-}"
+      M="$M --set seeds=${MQAR_SEEDS:-0,1,2} --set head_at_targets=on --jobs ${MQAR_JOBS:-3} ${MQAR_SET:-}"
       synth_all <<LIST
 mqar-nope warm mqar --position nope $M
 mqar-rope mqar --position rope $M

@@ -204,21 +204,24 @@ def test_refusals(tmp_path):
 
 
 def test_a_run_started_before_a_setting_existed_resumes_with_what_it_ran(tmp_path):
-    """A results.json without a setting added since ran as that setting's value then: its
-    default then (head_at_targets: False, as today), and eager for cuda_graph, whose default is
-    now "auto". Resuming with that value goes on; with another (today's default included) it is
-    refused."""
+    """A results.json without a setting added since ran as that setting's value then: eager for
+    cuda_graph and the full head for head_at_targets, whose defaults are now "auto". Resuming
+    with that value goes on; with another (today's default included) it is refused. A value
+    recorded under an older name (head_at_targets: false) is that value."""
     overrides = {**SMOKE["state_tracking"], "model.hidden_size": 8, "seeds": "0"}
     run_synthetic("state_tracking", gru_factory, out=tmp_path, overrides=overrides, cache_dir=None, progress=False, plot=False, stop_after_steps=1)
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["config"]["cuda_graph"] == "auto"  # today's default is recorded
+    assert saved["config"]["cuda_graph"] == saved["config"]["head_at_targets"] == "auto"  # today's defaults are recorded
     del saved["config"]["cuda_graph"], saved["config"]["head_at_targets"]
     (tmp_path / "results.json").write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="cuda_graph 'off' -> 'auto'"):
-        run_synthetic("state_tracking", gru_factory, out=tmp_path, overrides=overrides, cache_dir=None, progress=False, plot=False, resume=True)
-    with pytest.raises(ValueError, match="head_at_targets False -> True"):
-        run_synthetic("state_tracking", gru_factory, out=tmp_path, overrides={**overrides, "cuda_graph": "off", "head_at_targets": "true"},
-                      cache_dir=None, progress=False, plot=False, resume=True)  # fmt: skip
-    resumed = run_synthetic("state_tracking", gru_factory, out=tmp_path, overrides={**overrides, "cuda_graph": "off"}, cache_dir=None,
-                            progress=False, plot=False, resume=True)  # fmt: skip
+        run_synthetic("state_tracking", gru_factory, out=tmp_path, overrides={**overrides, "head_at_targets": "off"}, cache_dir=None, progress=False,
+                      plot=False, resume=True)  # fmt: skip
+    with pytest.raises(ValueError, match="head_at_targets 'off' -> 'auto'"):
+        run_synthetic("state_tracking", gru_factory, out=tmp_path, overrides={**overrides, "cuda_graph": "off"}, cache_dir=None, progress=False,
+                      plot=False, resume=True)  # fmt: skip
+    saved["config"]["head_at_targets"] = False
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    resumed = run_synthetic("state_tracking", gru_factory, out=tmp_path, overrides={**overrides, "cuda_graph": "off", "head_at_targets": "off"},
+                            cache_dir=None, progress=False, plot=False, resume=True)  # fmt: skip
     assert resumed["complete"]

@@ -17,7 +17,7 @@ from srope.lab.tasks import run_synthetic
 from srope.lab.tasks.cli import add_synth_arguments, run_synth_command
 from srope.lab.config import apply_overrides
 from srope.lab.tasks.common import ArrayStream, Prepared, Setting, check_train_config
-from srope.lab.tasks.runner import report, resolve_preset, train_run  # srope.lab.tasks.report is also a module's name
+from srope.lab.tasks.runner import head_at_targets, report, resolve_preset, train_run  # srope.lab.tasks.report is also a module's name
 from srope.lab.tasks.state_tracking import PRESETS as ST_PRESETS
 from srope.lab.cli import srope_model_factory
 from tests.lab.tasks.standin import gru_factory
@@ -299,7 +299,7 @@ GRAPH_CASES = {
     "state_tracking": ({**SMOKE["state_tracking"], "train_size": 100, "batch_size": 64, "epochs": 4, "seeds": "0", "lrs": "3e-3", "grad_clip": 1.0,
                         "model.hidden_size": 32}, 8),
     # the head at the queries only (index_select inside the graph): 5 equal batches an epoch
-    "mqar": ({**SMOKE["mqar"], "d_models": "16", "lrs": "3e-3", "train_examples": 160, "batch_size": 32, "head_at_targets": "true", "grad_clip": 1.0}, 10),
+    "mqar": ({**SMOKE["mqar"], "d_models": "16", "lrs": "3e-3", "train_examples": 160, "batch_size": 32, "head_at_targets": "on", "grad_clip": 1.0}, 10),
 }
 
 
@@ -322,19 +322,42 @@ def test_the_cuda_graph_step_trains_as_the_eager_step(tmp_path, task):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-5), name
 
 
+def test_head_at_targets_auto_is_on_for_few_targets_on_cuda_with_a_head():
+    """'auto' chooses the head at the targets only where it pays and keeps a captured step's
+    shapes: a task with the same few targets in every example (MQAR), on CUDA, and a model
+    with its body and head apart; 'on' and 'off' are what they say."""
+    with_head, without = nn.Module(), nn.Linear(2, 2)
+    with_head.model, with_head.lm_head = nn.Linear(2, 2), nn.Linear(2, 2)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # only the device's type is read
+
+    def choice(task, model, device, value="auto"):
+        return head_at_targets(types.SimpleNamespace(head_at_targets=value), task, model, device)
+
+    assert choice("mqar", with_head, cuda)
+    assert not choice("mqar", with_head, cpu) and not choice("mqar", without, cuda)
+    assert not any(choice(task, with_head, cuda) for task in ("copying", "mad", "state_tracking"))
+    assert choice("copying", with_head, cpu, "on") and not choice("mqar", with_head, cuda, "off")
+
+
 def test_the_head_at_targets_only_gives_the_same_training(tmp_path):
     """head_at_targets: the head and the loss at the scored positions only (MQAR's queries) is
-    the same mean loss as over every position's logits; a model without a body and head apart is refused."""
+    the same mean loss as over every position's logits; 'on' with a model without a body and
+    head apart is refused, 'auto' leaves it (and the CPU) the full head."""
     models = {}
     factory = _keeping(models)
 
     overrides = {**SMOKE["mqar"], "d_models": "16", "lrs": "3e-3", "model.num_heads": 2, "model.num_hidden_layers": 1, "mixer": "gla", "position_type": "selective_rope"}
     runs = {flag: run_synthetic("mqar", factory(flag), out=tmp_path / flag, overrides={**overrides, "head_at_targets": flag}, cache_dir=None,
-                                progress=False, plot=False)["runs"][0] for flag in ("false", "true")}  # fmt: skip
-    losses = [[h["train_loss"] for h in runs[flag]["history"]] for flag in ("false", "true")]
-    assert losses[1] == pytest.approx(losses[0], rel=1e-5) and runs["true"]["steps"] == runs["false"]["steps"] > 0
-    for (name, a), b in zip(models["false"].named_parameters(), models["true"].parameters()):
+                                progress=False, plot=False)["runs"][0] for flag in ("off", "on")}  # fmt: skip
+    assert (runs["off"]["head_at_targets"], runs["on"]["head_at_targets"]) == (False, True)
+    losses = [[h["train_loss"] for h in runs[flag]["history"]] for flag in ("off", "on")]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5) and runs["on"]["steps"] == runs["off"]["steps"] > 0
+    for (name, a), b in zip(models["off"].named_parameters(), models["on"].parameters()):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
+    gru = {**SMOKE["mqar"], "d_models": "8"}
     with pytest.raises(ValueError, match="head_at_targets needs a model with .model"):
-        run_synthetic("mqar", gru_factory, out=tmp_path / "gru", overrides={**SMOKE["mqar"], "d_models": "8", "head_at_targets": "true"}, cache_dir=None,
-                      progress=False, plot=False)  # fmt: skip
+        run_synthetic("mqar", gru_factory, out=tmp_path / "gru", overrides={**gru, "head_at_targets": "on"}, cache_dir=None, progress=False, plot=False)
+    auto = run_synthetic("mqar", gru_factory, out=tmp_path / "auto", overrides=gru, cache_dir=None, progress=False, plot=False)
+    assert auto["config"]["head_at_targets"] == "auto" and not auto["runs"][0]["head_at_targets"]
+    with pytest.raises(ValueError, match="head_at_targets must be 'auto', 'on' or 'off', got 'true'"):
+        run_synthetic("mqar", gru_factory, out=tmp_path / "bad", overrides={**gru, "head_at_targets": "true"}, cache_dir=None, progress=False, plot=False)

@@ -60,9 +60,12 @@ class TaskConfig(RunConfig):
 
     ``head_at_targets``: the output head and the loss only at the positions that have
     targets (their flat indices come from the batch's host copy, so nothing waits on the
-    device); the same mean loss, without the logits of the other positions. For tasks that
-    score few positions of long sequences (MQAR: 64 of 512); the model must expose its body
-    (``.model``) and head (``.lm_head``), as ``SRopeForCausalLM`` does.
+    device); the same mean loss, without the logits of the other positions. ``auto`` (the
+    default) does it on CUDA for tasks that score the same few positions of every example
+    (a task module's ``FEW_TARGETS``: MQAR, 64 of 512) when the model exposes its body
+    (``.model``) and head (``.lm_head``), as ``SRopeForCausalLM`` does; ``on`` requires such a
+    model, ``off`` runs the head everywhere. Tasks whose count of targets varies from batch to
+    batch (copying) would give the captured step a new shape each time, so ``auto`` leaves them.
 
     Model: ``mixer`` and ``model`` (HF-style config entries) go to the model factory with
     ``{"type": position_type, **position[position_type]}`` as the position encoding; the
@@ -92,7 +95,7 @@ class TaskConfig(RunConfig):
     checkpoint_every: int = 200
     save_weights: bool = False
     cuda_graph: str = "auto"  # the training step as a CUDA graph on CUDA, else eager; "on": that or an error; "off": eager
-    head_at_targets: bool = False  # the output head only at the positions that have targets
+    head_at_targets: str = "auto"  # the output head only at the positions that have targets: "auto", "on", "off"
     mixer: str = "gla"
     model: dict = field(default_factory=dict)
     position_type: str = "selective_rope"
@@ -133,8 +136,9 @@ def check_train_config(cfg: TaskConfig, auto_batch: bool = False) -> None:
         raise ValueError(f"max_seconds must be > 0 or None, got {cfg.max_seconds}")
     if isinstance(cfg.checkpoint_every, bool) or not isinstance(cfg.checkpoint_every, int) or cfg.checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be a positive number of steps, got {cfg.checkpoint_every!r}")
-    if cfg.cuda_graph not in ("auto", "on", "off"):
-        raise ValueError(f"cuda_graph must be 'auto', 'on' or 'off', got {cfg.cuda_graph!r}")
+    for name in ("cuda_graph", "head_at_targets"):
+        if getattr(cfg, name) not in ("auto", "on", "off"):
+            raise ValueError(f"{name} must be 'auto', 'on' or 'off', got {getattr(cfg, name)!r}")
     if not 0.0 <= cfg.warmup < 1.0:
         raise ValueError(f"warmup is a fraction of the steps in [0, 1), got {cfg.warmup}")
 

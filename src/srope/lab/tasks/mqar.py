@@ -47,6 +47,9 @@ from srope.lab.tasks.common import (
 )
 
 NAME = "mqar"
+# Every example has kv_pairs targets among seq_len positions, so the head at the targets only
+# (head_at_targets) skips most of the logits and keeps a captured step's shapes fixed.
+FEW_TARGETS = True
 ZOOLOGY_LRS = tuple(float(v) for v in np.logspace(-4, -2, 4))
 
 

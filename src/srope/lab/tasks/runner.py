@@ -68,8 +68,10 @@ RESULTS_FILE, PLOT_FILE, RUNS_DIR, WEIGHTS_FILE = "results.json", "results.png",
 # Settings a resumed sweep may change: they change no number it computes.
 RESUME_MAY_CHANGE = frozenset({"checkpoint_every", "save_weights"})
 # What a run whose results.json predates a setting ran with, where that is not the setting's
-# default today (cuda_graph's default was "off" until its GPU check passed).
-SETTINGS_BEFORE_THEY_EXISTED = {"cuda_graph": "off"}
+# default today (cuda_graph's and head_at_targets' were "off" until they were checked and measured).
+SETTINGS_BEFORE_THEY_EXISTED = {"cuda_graph": "off", "head_at_targets": "off"}
+# Values a setting was once recorded as, and what they are called now.
+RENAMED_VALUES = {"head_at_targets": {True: "on", False: "off"}}
 
 
 def get_task(name: str):
@@ -128,10 +130,16 @@ def task_logits(model: nn.Module, x: torch.Tensor, vocab: int) -> torch.Tensor:
     return logits[..., :vocab]
 
 
-def check_head_at_targets(model: nn.Module) -> None:
-    if not all(isinstance(getattr(model, name, None), nn.Module) for name in ("model", "lm_head")):
+def head_at_targets(cfg, task: str, model: nn.Module, device: torch.device) -> bool:
+    """Whether the training loss runs the head at the scored positions only (``cfg.head_at_targets``;
+    ``on`` with a model without ``.model`` and ``.lm_head`` raises)."""
+    has_head = all(isinstance(getattr(model, name, None), nn.Module) for name in ("model", "lm_head"))
+    if cfg.head_at_targets == "on" and not has_head:
         raise ValueError(f"head_at_targets needs a model with .model (its body, returning last_hidden_state) and .lm_head, as SRopeForCausalLM; "
                          f"got {type(model).__name__}")  # fmt: skip
+    if cfg.head_at_targets == "auto":
+        return has_head and device.type == "cuda" and getattr(TASKS[task], "FEW_TARGETS", False)
+    return cfg.head_at_targets == "on"
 
 
 def task_loss(model: nn.Module, vocab: int, device: torch.device) -> Callable[..., torch.Tensor]:
@@ -194,8 +202,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
     if prepared.wrap_model is not None:
         model = prepared.wrap_model(model).to(device)
     vocab = setting.vocab_size
-    if cfg.head_at_targets:
-        check_head_at_targets(model)
+    at_targets = head_at_targets(cfg, task, model, device)
     loss_of = task_loss(model, vocab, device)
 
     def predict(x: torch.Tensor, targets: torch.Tensor | None = None):
@@ -267,7 +274,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
                 if step >= total:
                     return
                 batch = (torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device))
-                if cfg.head_at_targets:
+                if at_targets:
                     batch += (scored_positions(y_np, device),)
                 yield step, *batch
 
@@ -342,7 +349,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         "setting": setting.name, "group": setting.group, "x": setting.x, "lr": lr, "weight_decay": weight_decay, "seed": seed,
         "score": chosen["score"], "metrics": chosen, "final": _scalars(last), "best": _scalars(best),
         **({"min_loss": _scalars(lowest)} if lowest is not None else {}),
-        "steps": step, "planned_steps": total, "epochs": len(history), "stopped": stopped, "diverged": diverged,
+        "steps": step, "planned_steps": total, "epochs": len(history), "stopped": stopped, "diverged": diverged, "head_at_targets": at_targets,
         "parameters": sum(p.numel() for p in model.parameters()), "weights_sha256": weights_digest(model),
         "seconds": round(seconds_before + time.perf_counter() - start, 3), "eval_seconds": round(eval_seconds, 3), "history": history,
     }
@@ -467,6 +474,7 @@ def _previous_results(out: Path, task: str, preset_name: str, cfg, resume: bool)
     # a setting added after the run started ran as its default then
     defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
     before = {**defaults, **SETTINGS_BEFORE_THEY_EXISTED, **before}
+    before.update({key: names.get(before[key], before[key]) for key, names in RENAMED_VALUES.items() if key in before})
     changed = [f"{key} {before.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
                for key in dict.fromkeys([*before, *now]) if key not in RESUME_MAY_CHANGE and before.get(key) != now.get(key)]
     if changed:
