@@ -212,7 +212,7 @@ LIST
       # runs unless AUTOTUNE says otherwise (minutes per width). Memory: with graphs and the head
       # at the targets each run process at d 64-128 held 5-7.5 GiB, and the evaluation's full
       # logits (eval_batch_size 256: 2 GiB in bf16, twice that in float32) ran 2 of 3 sweeps x 4
-      # jobs out of memory on an H100; --set eval_batch_size=64 in MQAR_SET takes a quarter.
+      # jobs out of memory on an H100; the runner now evaluates such batches in parts.
       export SROPE_AUTOTUNE=${AUTOTUNE:-first}
       local M="--set configs=512x64 --set d_models=${MQAR_WIDTHS:-64,128,256,512} --set lrs=${MQAR_LRS:-0.0001,0.000464,0.00215,0.01}"
       M="$M --set seeds=${MQAR_SEEDS:-0,1,2} --set head_at_targets=on --jobs ${MQAR_JOBS:-3} ${MQAR_SET:-}"

@@ -322,6 +322,23 @@ def test_the_cuda_graph_step_trains_as_the_eager_step(tmp_path, task):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-5), name
 
 
+@pytest.mark.parametrize("task", ["mqar", "mad"])
+def test_an_evaluation_in_parts_scores_as_one_in_a_piece(tmp_path, monkeypatch, task):
+    """A test batch whose logits exceed EVAL_LOGITS runs in parts (here one row at a time):
+    the same predictions, so the same scores, and the same summed test loss (MAD's)."""
+    from srope.lab.tasks import runner
+
+    overrides = {**SMOKE[task], "model.hidden_size": 16, "model.num_heads": 2, "model.num_hidden_layers": 1, "mixer": "gla", "position_type": "selective_rope"}
+    histories = {}
+    for name, limit in (("whole", runner.EVAL_LOGITS), ("rows", 1)):
+        monkeypatch.setattr(runner, "EVAL_LOGITS", limit)
+        runs = run_synthetic(task, srope_model_factory, out=tmp_path / name, overrides=overrides, cache_dir=tmp_path / "cache", progress=False, plot=False)["runs"]
+        histories[name] = [{k: v for k, v in h.items() if k in ("score", "loss")} for run in runs for h in run["history"]]
+    assert histories["whole"] and [h["score"] for h in histories["rows"]] == [h["score"] for h in histories["whole"]]
+    if task == "mad":
+        assert [h["loss"] for h in histories["rows"]] == pytest.approx([h["loss"] for h in histories["whole"]], rel=1e-5)
+
+
 def test_head_at_targets_auto_is_on_for_few_targets_on_cuda_with_a_head():
     """'auto' chooses the head at the targets only where it pays and keeps a captured step's
     shapes: a task with the same few targets in every example (MQAR), on CUDA, and a model

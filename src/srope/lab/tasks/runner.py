@@ -72,6 +72,10 @@ RESUME_MAY_CHANGE = frozenset({"checkpoint_every", "save_weights"})
 SETTINGS_BEFORE_THEY_EXISTED = {"cuda_graph": "off", "head_at_targets": "off"}
 # Values a setting was once recorded as, and what they are called now.
 RENAMED_VALUES = {"head_at_targets": {True: "on", False: "off"}}
+# The most logits an evaluation computes in one forward pass (1 GiB as float32): larger test
+# batches run in parts, whose predictions are the same. MQAR's 256 x 512 x 8,192 (2 GiB in bf16,
+# twice that as float32) ran concurrent runs on one GPU out of memory.
+EVAL_LOGITS = 1 << 28
 
 
 def get_task(name: str):
@@ -213,15 +217,21 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
     at_targets = head_at_targets(cfg, task, model, device)
     loss_of = task_loss(model, vocab, device)
 
-    def predict(x: torch.Tensor, targets: torch.Tensor | None = None):
+    def predict_rows(x: torch.Tensor, targets: torch.Tensor | None):
         with torch.no_grad(), _autocast(device):
             logits = task_logits(model, x.to(device), vocab)
         preds = logits.argmax(-1).cpu()
         if targets is None:
-            return preds
+            return preds, 0.0, 0
         targets = targets.to(device)
         nll = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
         return preds, float(nll), int((targets != IGNORE).sum())
+
+    def predict(x: torch.Tensor, targets: torch.Tensor | None = None):
+        rows = max(1, EVAL_LOGITS // max(1, x.shape[-1] * vocab))  # the rows of one forward pass
+        parts = [predict_rows(x[i : i + rows], None if targets is None else targets[i : i + rows]) for i in range(0, len(x), rows)]
+        preds = torch.cat([p for p, _, _ in parts])
+        return preds if targets is None else (preds, sum(n for _, n, _ in parts), sum(c for _, _, c in parts))
 
     # fused on CUDA, as srope train's: one kernel per step, and the same arithmetic whether or
     # not the step is captured (foreach's capturable path rounds its bias corrections otherwise)
