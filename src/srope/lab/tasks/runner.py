@@ -168,15 +168,7 @@ def task_loss(model: nn.Module, vocab: int, device: torch.device) -> Callable[..
 def scored_positions(targets: np.ndarray, device: torch.device) -> torch.Tensor:
     """The flat indices of the positions that have targets, from the batch's host copy (so
     nothing waits on the device)."""
-    return to_device(np.flatnonzero(targets.reshape(-1) != IGNORE), device)
-
-
-def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """``array`` on ``device``. To CUDA through pinned memory without waiting: a copy from
-    pageable memory waits for the stream, that is for the step before, so the host could not
-    prepare the next step while the device runs this one."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
-    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
+    return torch.as_tensor(np.flatnonzero(targets.reshape(-1) != IGNORE), device=device)
 
 
 def _autocast(device: torch.device):
@@ -291,7 +283,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             for x_np, y_np in stream.epoch(epoch, shuffle_rng, start=position):
                 if step >= total:
                     return
-                batch = (to_device(x_np, device), to_device(y_np, device))
+                batch = (torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device))
                 if at_targets:
                     batch += (scored_positions(y_np, device),)
                 yield step, *batch
