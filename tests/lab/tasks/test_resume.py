@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from srope.lab.cli import srope_model_factory
 from srope.lab.tasks import run_synthetic
+from srope.lab.tasks.runner import EVALUATIONS_FILE
 from srope.lab.tasks.cli import add_synth_arguments, run_synth_command
 from tests.lab.tasks.standin import gru_factory
 from tests.lab.tasks.test_runner import SMOKE
@@ -60,7 +61,7 @@ def test_stopped_and_resumed_equals_uninterrupted(task, tmp_path):
     overrides = {"threads": 1, "checkpoint_every": 2, "save_weights": "true", **overrides}
     whole = run_synthetic(task, factory, out=tmp_path / "whole", overrides=overrides, cache_dir=None, progress=False, plot=False)
     out = tmp_path / "cut"
-    calls, kept = 0, {}
+    calls, kept, partial = 0, {}, []
     while True:
         results = run_synthetic(task, factory, out=out, overrides=overrides, cache_dir=None, progress=False, plot=False, resume=calls > 0,
                                 stop_after_steps=2 + calls % 2)
@@ -73,12 +74,21 @@ def test_stopped_and_resumed_equals_uninterrupted(task, tmp_path):
         if results["complete"]:
             break
         assert "--resume" in results["stopped"] and len(checkpoints(out)) >= 1
+        partial += [json.loads(path.read_text()) for path in out.glob(f"runs/*/{EVALUATIONS_FILE}")]
         older = checkpoints(out)[:-1]
         if calls % 2 == 0 and older and older[-1].parent == checkpoints(out)[-1].parent:
             for newer in checkpoints(out)[len(older):]:
                 os.rename(newer, newer.with_name(newer.name + ".tmp"))  # as if killed while writing it
     assert calls >= 3 and numbers(results) == numbers(whole)
     assert not (out / "runs").exists() or not checkpoints(out)  # a finished run's checkpoints are gone
+    assert not list(out.glob(f"runs/*/{EVALUATIONS_FILE}"))  # and so are its evaluations in progress
+    # a run cut off kept its evaluations so far, which the finished run's record begins with
+    finals = {(r["setting"], r["lr"], r["weight_decay"], r["seed"]): r for r in whole["runs"]}
+    assert partial
+    for evaluations in partial:
+        run = evaluations["run"]
+        history = finals[(run["setting"], run["lr"], run["weight_decay"], run["seed"])]["history"]
+        assert evaluations["history"] == history[: len(evaluations["history"])] and evaluations["steps"] == evaluations["history"][-1]["step"]
     assert sorted(p.relative_to(out) for p in out.glob("runs/*/model.safetensors")) == sorted(p.relative_to(tmp_path / "whole") for p in (tmp_path / "whole").glob("runs/*/model.safetensors"))
     for weights in (tmp_path / "whole").glob("runs/*/model.safetensors"):
         ours, theirs = load_file(out / weights.relative_to(tmp_path / "whole")), load_file(weights)

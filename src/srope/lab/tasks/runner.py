@@ -22,7 +22,9 @@ steps and at a planned stop (SIGINT/SIGTERM, ``stop_after_steps``) into
 ``weights_only`` optimiser file). ``resume=True`` keeps the finished runs of
 ``results.json``, continues the others from their checkpoints and gives the results and
 weights (each record's ``weights_sha256``) of a sweep never stopped, bitwise. A run's
-checkpoints are deleted once its record is in ``results.json``. ``jobs=N`` trains N runs
+checkpoints are deleted once its record is in ``results.json``; until then
+``DIR/runs/NAME/evaluations.json`` holds its evaluations so far (they survive where the
+checkpoints are not kept). ``jobs=N`` trains N runs
 at once (:mod:`srope.lab.tasks.parallel`). ``results["provenance"]`` lists every call's
 :func:`srope.lab.provenance.record` (commit, command, seeds, device, wall time), the first first.
 """
@@ -65,6 +67,9 @@ from srope.lab.train.distributed import World
 TASKS = {"mqar": mqar, "mad": mad, "copying": copying, "state_tracking": state_tracking}
 ModelFactory = Callable[[ModelRequest], nn.Module]
 RESULTS_FILE, PLOT_FILE, RUNS_DIR, WEIGHTS_FILE = "results.json", "results.png", "runs", "model.safetensors"
+# A run in progress: its evaluations so far, beside (not in) its checkpoints, so that output packed
+# without the checkpoints still shows where a run cut off by a timeout or a lost machine had got to.
+EVALUATIONS_FILE = "evaluations.json"
 # Settings a resumed sweep may change: they change no number it computes.
 RESUME_MAY_CHANGE = frozenset({"checkpoint_every", "save_weights"})
 # What a run whose results.json predates a setting ran with, where that is not the setting's
@@ -328,6 +333,9 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         if progress:
             bar.write(f"evaluated after step {step} in {time.perf_counter() - began:.0f} s: score {last['score']:.4f}", file=sys.stderr)
         history.append({"epoch": epoch + 1, "step": step, "train_loss": mean_loss, "score": last["score"], **({"loss": last["loss"]} if "loss" in last else {})})
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            _write_json(run_dir / EVALUATIONS_FILE, {"run": identity, "steps": step, "planned_steps": total, "history": history})
         if best is None or last["score"] > best["score"]:
             best, since_best = last, 0
         else:
@@ -589,6 +597,7 @@ def _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress,
         done[spec.key] = record
         write()
         shutil.rmtree(spec.run_dir / "checkpoints", ignore_errors=True)  # only once results.json holds the record
+        (spec.run_dir / EVALUATIONS_FILE).unlink(missing_ok=True)
         _remove_if_empty(spec.run_dir)
         outer.update(1)
         outer.set_postfix(score=f"{record['score']:.3f}")
@@ -648,9 +657,13 @@ def _remove_if_empty(folder: Path) -> None:
 
 
 def _write(out: Path, results: dict) -> None:
-    tmp = out / (RESULTS_FILE + ".tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    tmp.replace(out / RESULTS_FILE)
+    _write_json(out / RESULTS_FILE, results)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
 
 
 def report(dirs) -> str:
