@@ -21,6 +21,13 @@ examples, d_model in 64…512, 2 layers, lr in logspace(-4, -2, 4), AdamW with w
 logspace(-4, -2, 8): the paper's description of its grid, "[1e-4, 1e-2], 8 values", is
 self-contradictory). Zoology's Figure-2 models have no MLP (state mixer = identity), and
 neither have these presets' (``model.intermediate_size=0``; the ``cpu`` preset keeps one).
+The presets' GLA has 2 layers (the authors' vendored Figure-2 config) and 2 heads without a
+short conv (Zoology's ``models_repo.add_gla``), but not what ``add_gla`` puts beside the GLA in
+every layer: a kernel-3 BaseConv; Zoology's own Figure-2 config gives recurrent models 4
+layers. Without a convolution a GLA has no direct way to bind a value to the key before it:
+at sequence 512 with 64 pairs every encoding stayed at chance in the runs of
+docs/reports/2026-12-05-mqar.md. ``--set model.use_short_conv=true`` gives the GLA fla's
+short convolution, the nearest part to Zoology's BaseConv here.
 The paper's Selective-RoPE MQAR configuration is not released; the position options here are the authors' shared defaults. ``cpu``: one small configuration
 that a laptop CPU runs in about a minute (see :data:`CPU`).
 """
@@ -85,8 +92,8 @@ class MQARPreset(TaskConfig):
 # ``cpu``: Zoology's smallest configuration (64 tokens, 4 key-value pairs) at width 64 in under
 # a minute per position encoding on a 2-core CPU: vocabulary 128 (the smallest above the
 # length), 3,600 training examples for 4 epochs in batches of 32 (452 steps), one of
-# Zoology's learning rates. The GLA gets its short conv (Zoology's has none): recall forms
-# only after a plateau, and in trial runs of this length without the conv most encodings
+# Zoology's learning rates. The GLA gets its short conv (Zoology's GLA has a BaseConv beside
+# it; the ``zoology`` preset has neither): recall forms only after a plateau, and in trial runs of this length without the conv most encodings
 # stayed at chance (1/64). It does not reproduce the paper's effect: as measured on its
 # seed (123), query accuracy Selective RoPE 0.240, NoPE 0.293, RoPE 0.225 (39-43 s each):
 # far above chance, still rising, and no ordering of the encodings to read into.
