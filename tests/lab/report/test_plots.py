@@ -18,3 +18,27 @@ def test_a_second_variant_of_an_encoding_gets_a_colour_of_its_own():
     from matplotlib.colors import to_hex
 
     assert len({to_hex(c) for c in colors}) == len(rows)
+
+
+def test_mqar_draws_every_runs_test_accuracy_after_each_epoch(tmp_path):
+    """A protocol without the paper's setting (64x4) still gets a panel: each run's evaluations
+    against its steps, as recorded, with chance (one value among vocab/2) drawn beside them."""
+    from srope.lab.report.build import _rows
+    from srope.lab.report.collect import collect
+    from srope.lab.report.plots import _mqar
+
+    from .conftest import _write, head, run, synth
+
+    cfg = {"vocab": 128, "train_examples": 3_600, "epochs": 3, "batch_size": 32, "lrs": [1e-3], "model": {"num_hidden_layers": 2}}
+    settings = [{"name": "T64-kv4-d64", "params": {"seq_len": 64, "kv_pairs": 4}, "max_len": 64}]
+    curves = {"nope": [0.01, 0.2, 0.7], "selective_rope": [0.02, 0.1, 0.5]}
+    for position, scores in curves.items():
+        record = {**run("T64-kv4-d64", 0, scores[-1]), "history": [{"epoch": i + 1, "step": 100 * (i + 1), "score": s} for i, s in enumerate(scores)]}
+        _write(tmp_path / f"mqar-{position}/results.json", synth("mqar", position, [record], cfg, settings, head()))
+    rows = _rows(collect([tmp_path]).runs)
+    assert sorted(r.runs[0].histories["T64-kv4-d64"][1][-1] for r in rows) == [0.5, 0.7]
+    fig = _mqar(rows)
+    (ax,) = [a for a in fig.axes if a.get_visible() and a.get_xlabel() == "training step"]
+    drawn = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    assert drawn["gla/nope T64-kv4-d64 (1 seed)"] == curves["nope"] and drawn["gla/selective_rope T64-kv4-d64 (1 seed)"] == curves["selective_rope"]
+    assert list(drawn["chance"]) == [2 / 128, 2 / 128]

@@ -130,6 +130,7 @@ class Run:
     train_len: int | None = None
     ablation_row: str | None = None  # the LM ablation's row (v3 Table 2)
     config: dict = field(default_factory=dict)  # the protocol's settings, to tell apart groups that read alike
+    histories: dict[str, tuple[list, list]] = field(default_factory=dict)  # setting -> (steps, score after each evaluation)
 
 
 @dataclass
@@ -354,6 +355,7 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
         mine = {s: r for s, r in mine.items() if r is not None}
         metrics: dict[str, float] = {}
         curves: dict[str, tuple[list, list]] = {}
+        histories = {s: ([h["step"] for h in r["history"]], [h["score"] for h in r["history"]]) for s, r in mine.items() if r.get("history")}
         budget = 0.0
         seed_notes, time_limited = list(notes), []
         for setting, record in mine.items():
@@ -384,6 +386,7 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
             provenance=list(dict.fromkeys(p for group, _ in provs for p in group)), sources=list(dict.fromkeys(src for _, src in provs)), notes=seed_notes,
             time_limited=time_limited, trained=len(mine),
             train_len=cfg.get("train_len") or cfg.get("max_len"), config={k: v for k, v in cfg.items() if k not in _NOT_PROTOCOL},
+            histories=histories,
         ))  # fmt: skip
     return runs
 

@@ -105,20 +105,47 @@ def _copying(rows: list[Row]):
 
 
 def _mqar(rows: list[Row]):
-    groups = [g for g in _by_group(rows).values() if any(PAPER_MQAR in _mqar_points(r) for r in g)]
-    if not groups:
+    """Per protocol: accuracy against width at the paper's setting (where run), and the test
+    accuracy after each epoch of every run, which shows whether a run ever left chance."""
+    panels = []
+    for group in _by_group(rows).values():
+        if any(PAPER_MQAR in _mqar_points(r) for r in group):
+            panels.append((_mqar_widths, group))
+        if any(r.histories for row in group for r in row.runs):
+            panels.append((_mqar_training, group))
+    if not panels:
         return None
-    plt, fig, axes = _grid(len(groups))
-    for ax, group in zip(axes, groups):
-        for row, color in zip(group, _colors(group)):
-            points = _mqar_points(row).get(PAPER_MQAR, {})
-            widths = sorted(points)
-            ax.errorbar(widths, [points[w][0] for w in widths], yerr=[points[w][1] or 0.0 for w in widths], marker="o", capsize=3,
-                        label=f"{row.label} ({_seeds(len(row.runs))})", color=color)
-        ax.set(xscale="log", xlabel="model dimension", ylabel="accuracy", ylim=(-0.02, 1.02), title=_title(f"seq 512, 64 KV pairs: {group[0].title}"))
-        ax.legend(fontsize=6)
-        _claim(ax, paper.MQAR)
+    plt, fig, axes = _grid(len(panels))
+    for ax, (draw, group) in zip(axes, panels):
+        draw(ax, group)
     return fig
+
+
+def _mqar_widths(ax, group: list[Row]) -> None:
+    for row, color in zip(group, _colors(group)):
+        points = _mqar_points(row).get(PAPER_MQAR, {})
+        widths = sorted(points)
+        ax.errorbar(widths, [points[w][0] for w in widths], yerr=[points[w][1] or 0.0 for w in widths], marker="o", capsize=3,
+                    label=f"{row.label} ({_seeds(len(row.runs))})", color=color)
+    ax.set(xscale="log", xlabel="model dimension", ylabel="accuracy", ylim=(-0.02, 1.02), title=_title(f"seq 512, 64 KV pairs: {group[0].title}"))
+    ax.legend(fontsize=6)
+    _claim(ax, paper.MQAR)
+
+
+def _mqar_training(ax, group: list[Row]) -> None:
+    styles = ("-", "--", ":", "-.")
+    settings = sorted({s for row in group for r in row.runs for s in r.histories}, key=lambda s: (len(s), s))
+    for row, color in zip(group, _colors(group)):
+        for run in row.runs:
+            for setting, (steps, scores) in sorted(run.histories.items()):
+                first = run is row.runs[0]
+                ax.plot(steps, scores, color=color, linestyle=styles[settings.index(setting) % len(styles)], linewidth=1.2,
+                        label=f"{row.label} {setting} ({_seeds(len(row.runs))})" if first else None)
+    vocab = group[0].runs[0].config.get("vocab")
+    if vocab:  # a guess among the values, each of which is one of vocab/2 tokens
+        ax.axhline(2 / vocab, color="black", linewidth=0.8, linestyle=":", label="chance")
+    ax.set(xlabel="training step", ylabel="query accuracy (test, after each epoch)", ylim=(-0.02, 1.02), title=_title(f"training: {group[0].title}"))
+    ax.legend(fontsize=6)
 
 
 def _state_tracking(rows: list[Row]):
