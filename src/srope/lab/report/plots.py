@@ -144,7 +144,7 @@ def _mqar_training(ax, group: list[Row]) -> None:
     vocab = group[0].runs[0].config.get("vocab")
     if vocab:  # a guess among the values, each of which is one of vocab/2 tokens
         ax.axhline(2 / vocab, color="black", linewidth=0.8, linestyle=":", label="chance")
-    ax.set(xlabel="training step", ylabel="query accuracy (test, after each epoch)", ylim=(-0.02, 1.02), title=_title(f"training: {group[0].title}"))
+    ax.set(xlabel="training step", ylabel="query accuracy (test, after each epoch)", ylim=(-0.02, 1.02), title=_title(f"training: {group[0].title}", 50))
     ax.legend(fontsize=6)
 
 
