@@ -137,8 +137,8 @@ def _mqar_training(ax, group: list[Row]) -> None:
     settings = sorted({s for row in group for r in row.runs for s in r.histories}, key=lambda s: (len(s), s))
     for row, color in zip(group, _colors(group)):
         for run in row.runs:
+            first = run is row.runs[0]  # one legend entry per row and setting
             for setting, (steps, scores) in sorted(run.histories.items()):
-                first = run is row.runs[0]
                 ax.plot(steps, scores, color=color, linestyle=styles[settings.index(setting) % len(styles)], linewidth=1.2,
                         label=f"{row.label} {setting} ({_seeds(len(row.runs))})" if first else None)
     vocab = group[0].runs[0].config.get("vocab")

@@ -93,8 +93,8 @@ class MQARPreset(TaskConfig):
 # a minute per position encoding on a 2-core CPU: vocabulary 128 (the smallest above the
 # length), 3,600 training examples for 4 epochs in batches of 32 (452 steps), one of
 # Zoology's learning rates. The GLA gets its short conv (Zoology's GLA has a BaseConv beside
-# it; the ``zoology`` preset has neither): recall forms only after a plateau, and in trial runs of this length without the conv most encodings
-# stayed at chance (1/64). It does not reproduce the paper's effect: as measured on its
+# it; the ``zoology`` preset has neither): recall forms only after a plateau, and in trial
+# runs of this length without the conv most encodings stayed at chance (1/64). It does not reproduce the paper's effect: as measured on its
 # seed (123), query accuracy Selective RoPE 0.240, NoPE 0.293, RoPE 0.225 (39-43 s each):
 # far above chance, still rising, and no ordering of the encodings to read into.
 CPU = MQARPreset(
