@@ -29,7 +29,9 @@
 #                 checkpoint) in the first; COPY_SECONDS=900 alone in the next, which resumes
 #   mqar          Fig. 6 (sequence 512, 64 pairs): NoPE, RoPE and Selective RoPE sweeps over widths,
 #                 learning rates and seeds (MQAR_WIDTHS, MQAR_LRS, MQAR_SEEDS; MQAR_JOBS runs of a
-#                 sweep at once; MQAR_SET: more --set, e.g. a budget), continued by later calls
+#                 sweep at once; MQAR_SET: more --set, e.g. a budget), continued by later calls;
+#                 MQAR_TAG names a second family of sweeps (mqar$MQAR_TAG-nope ..., packed as
+#                 mqar$MQAR_TAG.tgz), so that two stages of other settings can run in one call
 #   mad           Table 1: the six tasks' baseline settings (MAD_ONLY: others), NoPE, RoPE, Selective
 #                 RoPE and + gate + bias over the paper's optimiser grid (MAD_JOBS, MAD_SET as for mqar)
 #   collect       waits (while the call lasts) for stages started with DETACH=1, printing their
@@ -223,12 +225,13 @@ LIST
       export SROPE_AUTOTUNE=${AUTOTUNE:-first}
       local M="--set configs=512x64 --set d_models=${MQAR_WIDTHS:-64,128,256,512} --set lrs=${MQAR_LRS:-0.0001,0.000464,0.00215,0.01}"
       M="$M --set seeds=${MQAR_SEEDS:-0,1,2} --set head_at_targets=on --jobs ${MQAR_JOBS:-3} ${MQAR_SET:-}"
+      local T=mqar${MQAR_TAG:-}
       synth_all <<LIST
-mqar-nope warm mqar --position nope $M
-mqar-rope mqar --position rope $M
-mqar-srope mqar --position selective_rope $M
+$T-nope warm mqar --position nope $M
+$T-rope mqar --position rope $M
+$T-srope mqar --position selective_rope $M
 LIST
-      pack_synth mqar mqar- ;;
+      pack_synth "$T" "$T-" ;;
     mad)
       # Table 1, first the baseline setting of each of the six tasks (MAD_ONLY: other settings),
       # the paper's optimiser grid (3 learning rates x 2 weight decays): NoPE, RoPE, Selective
