@@ -236,7 +236,9 @@ LIST
       # Table 1, first the baseline setting of each of the six tasks (MAD_ONLY: other settings),
       # the paper's optimiser grid (3 learning rates x 2 weight decays): NoPE, RoPE, Selective
       # RoPE and Selective RoPE + gate + bias side by side, MAD_JOBS runs of each at once;
-      # MAD_SET adds --set options. Autotuning as for mqar; jobs kept as low as mqar's.
+      # MAD_SET adds --set options. Autotuning as for mqar; jobs kept as low as mqar's: each run
+      # process holds 4.3-5.7 GiB (CUDA context, captured step's pool, allocator cache), and
+      # MAD_JOBS=4 (16 processes) ran an 80 GB H100 out of memory; 3 (12) did not.
       export SROPE_AUTOTUNE=${AUTOTUNE:-first}
       local base=in-context-recall/baseline,fuzzy-in-context-recall/baseline,noisy-in-context-recall/baseline
       base=$base,selective-copying/baseline,compression/baseline,memorization/baseline

@@ -1,12 +1,13 @@
 """The report's plots: every row of a panel is told apart by its colour."""
 
+import textwrap
 from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("matplotlib")
 
-from srope.lab.report.plots import COLORS, _colors  # noqa: E402
+from srope.lab.report.plots import COLORS, _colors, _title  # noqa: E402
 
 
 def test_a_second_variant_of_an_encoding_gets_a_colour_of_its_own():
@@ -18,6 +19,14 @@ def test_a_second_variant_of_an_encoding_gets_a_colour_of_its_own():
     from matplotlib.colors import to_hex
 
     assert len({to_hex(c) for c in colors}) == len(rows)
+
+
+def test_a_title_cut_to_its_lines_says_so():
+    """The overrides that tell two panels apart come last: a cut title must not look whole."""
+    text = "srope synth mqar --preset zoology, gla 2 layers [configs=['64x4'], model.use_short_conv=True]"
+    assert _title(text, 40, lines=4) == "\n".join(textwrap.wrap(text, 40))
+    cut = _title(text, 40, lines=2).split("\n")
+    assert len(cut) == 2 and cut[-1].endswith("…") and all(len(line) <= 40 for line in cut)
 
 
 def test_mqar_draws_every_runs_test_accuracy_after_each_epoch(tmp_path):

@@ -34,8 +34,11 @@ def _grid(n: int, width: float = 5.2, height: float = 3.8):
     return plt, fig, flat[:n]
 
 
-def _title(text: str, width: int = 60) -> str:
-    return "\n".join(textwrap.wrap(text, width)[:3])
+def _title(text: str, width: int = 60, lines: int = 3) -> str:
+    wrapped = textwrap.wrap(text, width)
+    if len(wrapped) > lines:  # say that the rest (often the overrides that tell panels apart) is cut
+        wrapped = [*wrapped[: lines - 1], textwrap.shorten(wrapped[lines - 1] + " " + " ".join(wrapped[lines:]), width, placeholder=" …")]
+    return "\n".join(wrapped)
 
 
 def _claim(ax, exp: paper.Experiment) -> None:
@@ -144,7 +147,7 @@ def _mqar_training(ax, group: list[Row]) -> None:
     vocab = group[0].runs[0].config.get("vocab")
     if vocab:  # a guess among the values, each of which is one of vocab/2 tokens
         ax.axhline(2 / vocab, color="black", linewidth=0.8, linestyle=":", label="chance")
-    ax.set(xlabel="training step", ylabel="query accuracy (test, after each epoch)", ylim=(-0.02, 1.02), title=_title(f"training: {group[0].title}", 50))
+    ax.set(xlabel="training step", ylabel="query accuracy (test, after each epoch)", ylim=(-0.02, 1.02), title=_title(f"training: {group[0].title}", 50, lines=4))
     ax.legend(fontsize=6)
 
 
