@@ -47,6 +47,7 @@ def test_smoke_run_writes_json_and_plot(task, tmp_path):
     for run in saved["runs"]:
         assert 0.0 <= run["score"] <= 1.0 and run["steps"] > 0 and run["history"] and run["seconds"] > 0
         assert 0.0 < run["eval_seconds"] < run["seconds"]
+        assert run["graph_steps"] == 0  # the CPU's step is eager
     assert (tmp_path / "results.png").stat().st_size > 1000
     assert results["summary"] == saved["summary"]
     text = report([tmp_path])
@@ -316,6 +317,7 @@ def test_the_cuda_graph_step_trains_as_the_eager_step(tmp_path, task):
     runs = {tag: run_synthetic(task, factory(tag), out=tmp_path / tag, overrides={**overrides, "cuda_graph": tag}, device="cuda",
                                cache_dir=None, progress=False, plot=False)["runs"][0] for tag in ("off", "on")}  # fmt: skip
     assert runs["on"]["steps"] == runs["off"]["steps"] == steps
+    assert runs["off"]["graph_steps"] == 0 < runs["on"]["graph_steps"] < steps  # the record says which steps were replayed
     losses = [[h["train_loss"] for h in runs[tag]["history"]] for tag in ("off", "on")]
     assert losses[1] == pytest.approx(losses[0], rel=1e-4), losses
     for (name, a), b in zip(models["off"].named_parameters(), models["on"].parameters()):

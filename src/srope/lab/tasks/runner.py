@@ -248,14 +248,14 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
     history, best, last, lowest = [], None, None, None  # lowest: the eval of least test loss
     since_best, step, stopped, diverged = 0, 0, None, False
     identity = {"task": task, "setting": setting.name, "lr": lr, "weight_decay": weight_decay, "seed": seed}
-    first_epoch, seconds_before, resumed, eval_seconds = 0, 0.0, None, 0.0
+    first_epoch, seconds_before, resumed, eval_seconds, graph_steps_before = 0, 0.0, None, 0.0, 0
     run_dir = None if run_dir is None else Path(run_dir)
     if run_dir is not None and (latest := latest_checkpoint(run_dir)) is not None:
         resumed = load_checkpoint(latest, model, optimizer, World(), strict_optimizer=False)
         if resumed.get("run") != identity:
             raise CheckpointError(f"{latest}: a checkpoint of the run {resumed.get('run')}, not of {identity}; remove it or choose another --out")
         step, first_epoch, seconds_before = resumed["step"], resumed["epoch"], resumed["seconds"]
-        eval_seconds = resumed.get("eval_seconds", 0.0)
+        eval_seconds, graph_steps_before = resumed.get("eval_seconds", 0.0), resumed.get("graph_steps", 0)
         history, best, last, since_best = resumed["history"], resumed["best"], resumed["last"], resumed["since_best"]
         lowest = resumed.get("lowest")
         # an epoch's order is drawn when it begins; sampled batches are drawn one by one
@@ -266,8 +266,12 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             "run": identity, "epoch": epoch, "position": position, "rng_epoch": rng_epoch, "rng_now": shuffle_rng.bit_generator.state,
             "loss_sum": loss_sum, "loss_count": loss_count, "history": history, "best": best, "last": last, "since_best": since_best,
             "lowest": lowest, "seconds": seconds_before + time.perf_counter() - start, "eval_seconds": eval_seconds,
+            "graph_steps": graph_steps(),
         }  # fmt: skip
         save_checkpoint(run_dir, step, model, optimizer, state, World())
+
+    def graph_steps() -> int:  # steps replayed from a CUDA graph: whether cuda_graph="auto" captured
+        return graph_steps_before + getattr(step_fn, "replayed", 0)
 
     max_seconds = getattr(cfg, "max_seconds", None)
 
@@ -368,6 +372,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         "score": chosen["score"], "metrics": chosen, "final": _scalars(last), "best": _scalars(best),
         **({"min_loss": _scalars(lowest)} if lowest is not None else {}),
         "steps": step, "planned_steps": total, "epochs": len(history), "stopped": stopped, "diverged": diverged, "head_at_targets": at_targets,
+        "graph_steps": graph_steps(),
         "parameters": sum(p.numel() for p in model.parameters()), "weights_sha256": weights_digest(model),
         "seconds": round(seconds_before + time.perf_counter() - start, 3), "eval_seconds": round(eval_seconds, 3), "history": history,
     }
