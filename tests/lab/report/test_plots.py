@@ -1,4 +1,4 @@
-"""The report's plots: every row of a panel is told apart by its colour."""
+"""The report's plots: every row of a panel told apart by its colour, every panel by its title."""
 
 import textwrap
 from types import SimpleNamespace
