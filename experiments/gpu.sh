@@ -33,7 +33,8 @@
 #                 MQAR_TAG names a second family of sweeps (mqar$MQAR_TAG-nope ..., packed as
 #                 mqar$MQAR_TAG.tgz), so that two stages of other settings can run in one call
 #   mad           Table 1: the six tasks' baseline settings (MAD_ONLY: others), NoPE, RoPE, Selective
-#                 RoPE and + gate + bias over the paper's optimiser grid (MAD_JOBS, MAD_SET as for mqar)
+#                 RoPE and + gate + bias over the paper's optimiser grid (MAD_JOBS, MAD_SET, MAD_TAG
+#                 as for mqar)
 #   collect       waits (while the call lasts) for stages started with DETACH=1, printing their
 #                 progress every PROGRESS_S seconds, then copies their packed results to $OUT
 # AUTOTUNE=first runs every synthetic run with `--autotune first` (SROPE_AUTOTUNE): fla's
@@ -175,12 +176,13 @@ collect() {
   cp out/gpu/*.tgz "$R"/ 2>/dev/null; ls -la "$R"
 }
 # The synth_all lines of the paper's four variants of TASK with ARGS: NoPE (warming the caches),
-# RoPE, Selective RoPE, Selective RoPE + gate + bias, as TASK-nope ... TASK-srope-gate-bias.
+# RoPE, Selective RoPE, Selective RoPE + gate + bias, as NAME-nope ... NAME-srope-gate-bias
+# (NAME: $3, else TASK).
 four_variants() {
-  local task=$1 args=$2
-  printf '%s\n' "$task-nope warm $task --position nope $args" "$task-rope $task --position rope $args" \
-    "$task-srope $task --position selective_rope $args" \
-    "$task-srope-gate-bias $task --position selective_rope --set position.gate=per-channel --set position.bias=true $args"
+  local task=$1 args=$2 name=${3:-$1}
+  printf '%s\n' "$name-nope warm $task --position nope $args" "$name-rope $task --position rope $args" \
+    "$name-srope $task --position selective_rope $args" \
+    "$name-srope-gate-bias $task --position selective_rope --set position.gate=per-channel --set position.bias=true $args"
 }
 pack_synth() { (cd out && tar czf "$R/$1.tgz" --exclude=checkpoints --exclude='*.safetensors' synth/$2*); ls -la "$R/$1.tgz"; }
 
@@ -242,9 +244,9 @@ LIST
       export SROPE_AUTOTUNE=${AUTOTUNE:-first}
       local base=in-context-recall/baseline,fuzzy-in-context-recall/baseline,noisy-in-context-recall/baseline
       base=$base,selective-copying/baseline,compression/baseline,memorization/baseline
-      local A="--set only=${MAD_ONLY:-$base} --jobs ${MAD_JOBS:-2} ${MAD_SET:-}"
-      four_variants mad "$A" | synth_all
-      pack_synth mad mad- ;;
+      local A="--set only=${MAD_ONLY:-$base} --jobs ${MAD_JOBS:-2} ${MAD_SET:-}" T=mad${MAD_TAG:-}
+      four_variants mad "$A" "$T" | synth_all
+      pack_synth "$T" "$T-" ;;
     *) echo "unknown stage $1"; exit 2 ;;
   esac
 }
