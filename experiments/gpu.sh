@@ -140,11 +140,14 @@ synth_all() {
     # graph capture) and final evaluation fall in that margin, so the run stops and records its
     # result before the timeout can interrupt it (a margin of 5 s lost all three runs of a call)
     args=${args//@LEFT@/$((limit - ${EVAL_MARGIN:-60}))}
-    local resume=""
+    local resume="" label=$name
     [ -f "out/synth/$name/results.json" ] && resume=--resume
+    # a tag (MAD_TAG, MQAR_TAG) names the folder only: the row's label stays the variant's, so
+    # that the report pools a tagged sweep's points with the untagged ones
+    [ -n "${LABEL_DROP:-}" ] && label=${name/$LABEL_DROP/}
     echo "== $(date +%T) synth $name $resume"
     # shellcheck disable=SC2086
-    (timeout -s INT -k 20 "$limit" python3 -m srope synth $args --label "$name" --out "out/synth/$name" $resume \
+    (timeout -s INT -k 20 "$limit" python3 -m srope synth $args --label "$label" --out "out/synth/$name" $resume \
       > "out/synth/$name.log" 2>&1; rc=$?; echo "== $(date +%T) $name exit $rc" >> "out/synth/$name.log") &
     pids+=($!)
   done <<< "$lines"
@@ -228,7 +231,7 @@ LIST
       local M="--set configs=512x64 --set d_models=${MQAR_WIDTHS:-64,128,256,512} --set lrs=${MQAR_LRS:-0.0001,0.000464,0.00215,0.01}"
       M="$M --set seeds=${MQAR_SEEDS:-0,1,2} --set head_at_targets=on --jobs ${MQAR_JOBS:-3} ${MQAR_SET:-}"
       local T=mqar${MQAR_TAG:-}
-      synth_all <<LIST
+      LABEL_DROP=${MQAR_TAG:-} synth_all <<LIST
 $T-nope warm mqar --position nope $M
 $T-rope mqar --position rope $M
 $T-srope mqar --position selective_rope $M
@@ -245,7 +248,7 @@ LIST
       local base=in-context-recall/baseline,fuzzy-in-context-recall/baseline,noisy-in-context-recall/baseline
       base=$base,selective-copying/baseline,compression/baseline,memorization/baseline
       local A="--set only=${MAD_ONLY:-$base} --jobs ${MAD_JOBS:-2} ${MAD_SET:-}" T=mad${MAD_TAG:-}
-      four_variants mad "$A" "$T" | synth_all
+      four_variants mad "$A" "$T" | LABEL_DROP=${MAD_TAG:-} synth_all
       pack_synth "$T" "$T-" ;;
     *) echo "unknown stage $1"; exit 2 ;;
   esac
