@@ -26,7 +26,9 @@
 #                 RoPE + gate + bias: 11.8 steps/s, evaluation > 100 s) spans two calls on the
 #                 warm machine, its checkpoint staying there: COPY_SECONDS=900 (max_seconds:
 #                 a total over both calls, equal in both) and COPY_STOP_AFTER=3000 (stop with a
-#                 checkpoint) in the first; COPY_SECONDS=900 alone in the next, which resumes
+#                 checkpoint) in the first; COPY_SECONDS=900 alone in the next, which resumes.
+#                 COPY_JOBS runs that many of a variant's seeds at once (COPY_SEEDS=1,2
+#                 COPY_JOBS=2: two seeds in one folder; GPU-bound, so each at about half speed)
 #   mqar          Fig. 6 (sequence 512, 64 pairs): NoPE, RoPE and Selective RoPE sweeps over widths,
 #                 learning rates and seeds (MQAR_WIDTHS, MQAR_LRS, MQAR_SEEDS; MQAR_JOBS runs of a
 #                 sweep at once; MQAR_SET: more --set, e.g. a budget), continued by later calls;
@@ -214,6 +216,7 @@ LIST
       # The warm-up's evaluation is cut short: only its training step fills a cache.
       local C="--set seeds=${COPY_SEEDS:-0} --set eval_batch_size=1000 --set max_seconds=${COPY_SECONDS:-@LEFT@}"
       [ -n "${COPY_STOP_AFTER:-}" ] && C="$C --stop-after-steps $COPY_STOP_AFTER"
+      [ -n "${COPY_JOBS:-}" ] && C="$C --jobs $COPY_JOBS"
       four_variants copying "$C" | EVAL_MARGIN=${EVAL_MARGIN:-150} WARM_SET="--set eval_lengths=2-8 --set eval_examples=16" synth_all
       pack_synth copying copying- ;;
     mqar)
