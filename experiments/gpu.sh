@@ -16,6 +16,8 @@
 #   state-tracking  Fig. 7's Transformer S2 (3 encodings) and DeltaNet A3 (NoPE, Selective RoPE)
 #                 panels, all at once, each trained for what is left of the call (max_seconds)
 #                 and then evaluated; eval_size ST_EVAL (16384) instead of the preset's 500,000
+#   st-gla        Fig. 7's GLA S2 panel at the authors' recipe: Selective RoPE as they ran it and
+#                 with srope demo's encoding (the recipe's regularisers), for what is left of the call
 #   copying       Fig. 5 at the authors' protocol: NoPE, RoPE, Selective RoPE and Selective
 #                 RoPE + gate + bias for COPY_SEEDS (default 0), each trained for at most what is
 #                 left of the call less EVAL_MARGIN (150 s) for the evaluation at every length
@@ -212,6 +214,21 @@ st-deltanet-a3-nope warm state_tracking --preset paper_a3 --position nope --set 
 st-deltanet-a3-srope state_tracking --preset paper_a3 --position selective_rope --set seeds=555 $ST
 LIST
       pack_synth state-tracking st- ;;
+    st-gla)
+      # Fig. 7's GLA S2 panel with the authors' recipe (preset authors: 1 layer, hidden 384, lr
+      # 5e-4, batch 1024), Selective RoPE as the authors ran it and with the encoding of srope
+      # demo (full-rank projection at gain 8, phase noise 0.1, conv 1, per-channel gate, max
+      # temperature pi; the demo's curriculum and weight average are not part of this
+      # protocol), each trained for what is left of the call; ST_SEEDS (0) and ST_EVAL as above
+      export SROPE_AUTOTUNE=${AUTOTUNE:-first}
+      local G="--preset authors --position selective_rope --set seeds=${ST_SEEDS:-0} --set eval_size=${ST_EVAL:-16384} --set max_seconds=@LEFT@"
+      local D="--set position.projection=full-rank --set position.conv_size=1 --set position.gate=per-channel"
+      D="$D --set position.max_temperature=3.141592653589793 --set position.projection_gain=8.0 --set position.phase_noise=0.1"
+      synth_all <<LIST
+st-gla-s2-srope warm state_tracking $G
+st-gla-s2-srope-demo-encoding state_tracking $G $D
+LIST
+      pack_synth st-gla st-gla- ;;
     copying)
       # The warm-up's evaluation is cut short: only its training step fills a cache.
       local C="--set seeds=${COPY_SEEDS:-0} --set eval_batch_size=1000 --set max_seconds=${COPY_SECONDS:-@LEFT@}"
