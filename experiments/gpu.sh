@@ -16,8 +16,10 @@
 #   state-tracking  Fig. 7's Transformer S2 (3 encodings) and DeltaNet A3 (NoPE, Selective RoPE)
 #                 panels, all at once, each trained for what is left of the call (max_seconds)
 #                 and then evaluated; eval_size ST_EVAL (16384) instead of the preset's 500,000
-#   st-gla        Fig. 7's GLA S2 panel at the authors' recipe: Selective RoPE as they ran it and
-#                 with srope demo's encoding (the recipe's regularisers), for what is left of the call
+#   st-gla        Fig. 7's GLA S2 panel at the authors' recipe: NoPE, RoPE, Selective RoPE as they
+#                 ran it and with srope demo's encoding (the recipe's regularisers), for what is
+#                 left of the call; GPU-bound, so one run per call reaches the most steps:
+#                 SYNTH_ONLY=st-gla-s2-rope bash experiments/gpu.sh st-gla
 #   copying       Fig. 5 at the authors' protocol: NoPE, RoPE, Selective RoPE and Selective
 #                 RoPE + gate + bias for COPY_SEEDS (default 0), each trained for at most what is
 #                 left of the call less EVAL_MARGIN (150 s) for the evaluation at every length
@@ -216,17 +218,20 @@ LIST
       pack_synth state-tracking st- ;;
     st-gla)
       # Fig. 7's GLA S2 panel with the authors' recipe (preset authors: 1 layer, hidden 384, lr
-      # 5e-4, batch 1024), Selective RoPE as the authors ran it and with the encoding of srope
-      # demo (full-rank projection at gain 8, phase noise 0.1, conv 1, per-channel gate, max
-      # temperature pi; the demo's curriculum and weight average are not part of this
-      # protocol), each trained for what is left of the call; ST_SEEDS (0) and ST_EVAL as above
+      # 5e-4, batch 1024): NoPE, RoPE, Selective RoPE as the authors ran it and with the
+      # encoding of srope demo (full-rank projection at gain 8, phase noise 0.1, conv 1,
+      # per-channel gate, max temperature pi; the demo's curriculum and weight average are not
+      # part of this protocol), each trained for what is left of the call (SYNTH_ONLY picks);
+      # ST_SEEDS (0) and ST_EVAL as above
       export SROPE_AUTOTUNE=${AUTOTUNE:-first}
-      local G="--preset authors --position selective_rope --set seeds=${ST_SEEDS:-0} --set eval_size=${ST_EVAL:-16384} --set max_seconds=@LEFT@"
+      local G="--preset authors --set seeds=${ST_SEEDS:-0} --set eval_size=${ST_EVAL:-16384} --set max_seconds=@LEFT@"
       local D="--set position.projection=full-rank --set position.conv_size=1 --set position.gate=per-channel"
       D="$D --set position.max_temperature=3.141592653589793 --set position.projection_gain=8.0 --set position.phase_noise=0.1"
       synth_all <<LIST
-st-gla-s2-srope warm state_tracking $G
-st-gla-s2-srope-demo-encoding state_tracking $G $D
+st-gla-s2-nope warm state_tracking --position nope $G
+st-gla-s2-rope state_tracking --position rope $G
+st-gla-s2-srope state_tracking --position selective_rope $G
+st-gla-s2-srope-demo-encoding state_tracking --position selective_rope $G $D
 LIST
       pack_synth st-gla st-gla- ;;
     copying)
