@@ -52,7 +52,8 @@
 # DETACH=1 starts the stages in a process session of their own and returns at once: they
 # outlive the call (the device machine ends only processes of the call's session) and run on
 # while the machine stays warm, with CALL_S counted from now. Later calls on the warm machine
-# run "collect". Results go to out/gpu until collected. They die with the machine: it goes back
+# run "collect" (carrying .whl and .tcache or not: the detached runs use the machine's own
+# copies, see benchmarks/device-env.sh). Results go to out/gpu until collected. They die with the machine: it goes back
 # when no call arrives within its idle release (30 s), so queue each collect the moment the last
 # returns (a gap of minutes lost three runs at 37-47% of their steps).
 set -u
@@ -67,13 +68,7 @@ fi
 END=$(($(date +%s) + ${CALL_S:-560}))
 left() { echo $((END - $(date +%s) - ${1:-40})); }  # seconds left in the call, less a margin
 at_most() { local l; l=$(left); [ "$1" -lt "$l" ] && l=$1; echo "$l"; }  # $1 seconds or what is left
-if [ "$*" = collect ]; then
-  # beside detached stages: their wheels and Triton cache stay as they are (carry none of them)
-  R=${OUT:-$PWD/out/gpu} TRITON_CACHE_DIR=$PWD/.tcache/cache
-  export TRITON_CACHE_DIR
-else
-  source benchmarks/device-env.sh
-fi
+source benchmarks/device-env.sh  # safe beside detached stages: it installs and seeds once per machine
 export TQDM_MININTERVAL=${TQDM_MININTERVAL:-20}
 [ -n "${AUTOTUNE:-}" ] && export SROPE_AUTOTUNE=$AUTOTUNE  # progress lines in the logs, not a stream of them
 pack() { tar czf "$R/$1.tgz" --exclude=checkpoints --exclude=tensorboard --exclude=model --exclude='*.safetensors' -C out "$1"; ls -la "$R/$1.tgz"; }
