@@ -53,9 +53,9 @@
 # outlive the call (the device machine ends only processes of the call's session) and run on
 # while the machine stays warm, with CALL_S counted from now. Later calls on the warm machine
 # run "collect" (carrying .whl and .tcache or not: the detached runs use the machine's own
-# copies, see benchmarks/device-env.sh). Results go to out/gpu until collected. They die with the machine: it goes back
-# when no call arrives within its idle release (30 s), so queue each collect the moment the last
-# returns (a gap of minutes lost three runs at 37-47% of their steps).
+# copies, see benchmarks/device-env.sh). Results go to out/gpu until collected. They die with
+# the machine: it goes back when no call arrives within its idle release (30 s), so queue each
+# collect the moment the last returns (a gap of minutes lost three runs at 37-47% of their steps).
 set -u
 if [ -n "${DETACH:-}" ] && [ -n "${OUT:-}" ]; then
   mkdir -p out/gpu
