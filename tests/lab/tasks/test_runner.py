@@ -341,6 +341,43 @@ def test_an_evaluation_in_parts_scores_as_one_in_a_piece(tmp_path, monkeypatch, 
         assert [h["loss"] for h in histories["rows"]] == pytest.approx([h["loss"] for h in histories["whole"]], rel=1e-5)
 
 
+@pytest.mark.parametrize("task", ["copying", "mqar", "mad"])
+def test_an_evaluation_out_of_device_memory_continues_in_smaller_parts(tmp_path, monkeypatch, task):
+    """A forward pass of the evaluation that runs out of device memory is retried with half the
+    rows, and the run keeps the rows that fit: the same scores as without the shortage, a warning
+    that says so, and an error only when one row does not fit."""
+    from srope.lab.tasks import runner
+
+    overrides = {**SMOKE[task], "model.hidden_size": 16, "model.num_heads": 2, "model.num_hidden_layers": 1, "mixer": "gla", "position_type": "selective_rope"}
+    logits, passes = runner.task_logits, []
+
+    def short_of_memory(fits):
+        def task_logits(model, x, vocab):
+            if not torch.is_grad_enabled():  # the evaluation's passes, not the training step's
+                passes.append(len(x))
+                if len(x) > fits:
+                    raise torch.OutOfMemoryError(f"stand-in: {len(x)} rows do not fit")
+            return logits(model, x, vocab)
+        return task_logits
+
+    def scores(name):
+        runs = run_synthetic(task, srope_model_factory, out=tmp_path / name, overrides=overrides, cache_dir=tmp_path / "cache", progress=False, plot=False)["runs"]
+        return [{k: v for k, v in h.items() if k in ("score", "loss")} for run in runs for h in run["history"]]
+
+    whole = scores("whole")
+    monkeypatch.setattr(runner, "task_logits", short_of_memory(3))
+    with pytest.warns(UserWarning, match="ran out of device memory"):
+        short = scores("short")
+    failed, fitted = [n for n in passes if n > 3], [n for n in passes if n <= 3]
+    assert failed and len(failed) < len(fitted)  # it kept the rows that fit instead of trying more every time
+    assert [h["score"] for h in short] == [h["score"] for h in whole]
+    if task == "mad":
+        assert [h["loss"] for h in short] == pytest.approx([h["loss"] for h in whole], rel=1e-5)
+    monkeypatch.setattr(runner, "task_logits", short_of_memory(0))
+    with pytest.raises(torch.OutOfMemoryError), pytest.warns(UserWarning):
+        scores("none")
+
+
 def test_head_at_targets_auto_is_on_for_few_targets_on_cuda_with_a_head():
     """'auto' chooses the head at the targets only where it pays and keeps a captured step's
     shapes: a task with the same few targets in every example (MQAR), on CUDA, and a model

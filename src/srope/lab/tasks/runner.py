@@ -42,6 +42,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -224,9 +225,29 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         nll = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
         return preds, float(nll), int((targets != IGNORE).sum())
 
+    fitting_rows = None  # set when a forward pass ran out of device memory: the rows that fit since
+
     def predict(x: torch.Tensor, targets: torch.Tensor | None = None):
+        nonlocal fitting_rows
         rows = max(1, EVAL_LOGITS // max(1, x.shape[-1] * vocab))  # the rows of one forward pass
-        parts = [predict_rows(x[i : i + rows], None if targets is None else targets[i : i + rows]) for i in range(0, len(x), rows)]
+        parts, i = [], 0
+        while i < len(x):
+            rows = min(rows, fitting_rows or rows, len(x) - i)
+            try:
+                part = predict_rows(x[i : i + rows], None if targets is None else targets[i : i + rows])
+            except torch.OutOfMemoryError:
+                if rows == 1:
+                    raise
+                part = None  # recovered outside the handler, whose traceback holds the failed pass's tensors
+            if part is not None:
+                parts.append(part)
+                i += rows
+                continue
+            fitting_rows = rows // 2
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            warnings.warn(f"evaluation ran out of device memory with {rows} rows of {x.shape[-1]} tokens in one forward pass; "
+                          f"continuing with at most {fitting_rows} rows (the same predictions up to rounding)", stacklevel=2)
         preds = torch.cat([p for p, _, _ in parts])
         return preds if targets is None else (preds, sum(n for _, n, _ in parts), sum(c for _, _, c in parts))
 
