@@ -43,6 +43,12 @@
 #                 as for mqar)
 #   collect       waits (while the call lasts) for stages started with DETACH=1, printing their
 #                 progress every PROGRESS_S seconds, then copies their packed results to $OUT
+# Runs longer than a session (a machine is lent for at most 30 minutes): give them a fixed budget
+# over all sessions (ST_SECONDS, COPY_SECONDS, MQAR_SET="--set max_seconds=N"; resume refuses
+# another) and KEEP_CHECKPOINTS=1. The call's timeout then stops them with a checkpoint, which
+# comes back in the archive (see pack_synth); unpack it into out/, name out/synth/NAME in the
+# next session's carry (64 MiB with .whl and .tcache: a 2M-parameter run's checkpoint is about
+# 24 MB) and run the same stage: a run folder with results.json is resumed.
 # AUTOTUNE=first runs every synthetic run with `--autotune first` (SROPE_AUTOTUNE): fla's
 # kernels autotune for minutes at every new model width otherwise (MQAR's first run at d 64
 # had not finished one step after 194 s), and these models are host-bound.
@@ -177,7 +183,7 @@ collect() {
   done
   running && echo "== still running: results of what finished so far only"
   echo "== $(date +%T)"; tail -n 12 out/gpu/detached-*.log; progress
-  cp out/gpu/*.tgz "$R"/ 2>/dev/null; ls -la "$R"
+  cp out/gpu/*.tgz* "$R"/ 2>/dev/null; ls -la "$R"
 }
 # The synth_all lines of the paper's four variants of TASK with ARGS: NoPE (warming the caches),
 # RoPE, Selective RoPE, Selective RoPE + gate + bias, as NAME-nope ... NAME-srope-gate-bias
@@ -188,7 +194,23 @@ four_variants() {
     "$name-srope $task --position selective_rope $args" \
     "$name-srope-gate-bias $task --position selective_rope --set position.gate=per-channel --set position.bias=true $args"
 }
-pack_synth() { (cd out && tar czf "$R/$1.tgz" --exclude=checkpoints --exclude='*.safetensors' synth/$2*); ls -la "$R/$1.tgz"; }
+# KEEP_CHECKPOINTS=1 keeps the latest checkpoint of each run in progress in the archive, so that
+# a later session can carry the run folder back and resume it; an archive over 15 MiB (a file
+# from $OUT may hold 16) is split into NAME.tgz.00, .01, ...: cat NAME.tgz.* | tar xz -C out
+pack_synth() {
+  local keep=(--exclude=checkpoints) old
+  if [ "${KEEP_CHECKPOINTS:-0}" = 1 ]; then
+    keep=(--exclude='*.tmp')
+    for old in out/synth/$2*/runs/*/checkpoints; do
+      [ -d "$old" ] && while read -r step; do keep+=(--exclude="${step#out/}"); done < <(ls -d "$old"/step_* | grep -v '\.tmp$' | head -n -1)
+    done
+  fi
+  (cd out && tar czf "$R/$1.tgz" --no-wildcards-match-slash "${keep[@]}" --exclude='runs/*/model.safetensors' synth/$2*)
+  if [ "$(stat -c %s "$R/$1.tgz")" -gt $((15 << 20)) ]; then
+    split -b 15M -d "$R/$1.tgz" "$R/$1.tgz." && rm "$R/$1.tgz"
+  fi
+  ls -la "$R/$1".tgz*
+}
 
 mkdir -p out/synth out/demo
 stage() {
@@ -202,7 +224,7 @@ stage() {
     demo) demo; pack demo ;;
     collect) collect ;;
     state-tracking)
-      local ST="--set eval_size=${ST_EVAL:-16384} --set max_seconds=@LEFT@"
+      local ST="--set eval_size=${ST_EVAL:-16384} --set max_seconds=${ST_SECONDS:-@LEFT@}"
       synth_all <<LIST
 st-attention-s2-nope warm state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position nope --set seeds=555 $ST
 st-attention-s2-rope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position rope --set seeds=555 $ST
@@ -219,7 +241,7 @@ LIST
       # part of this protocol), each trained for what is left of the call (SYNTH_ONLY picks);
       # ST_SEEDS (0) and ST_EVAL as above
       export SROPE_AUTOTUNE=${AUTOTUNE:-first}
-      local G="--preset authors --set seeds=${ST_SEEDS:-0} --set eval_size=${ST_EVAL:-16384} --set max_seconds=@LEFT@"
+      local G="--preset authors --set seeds=${ST_SEEDS:-0} --set eval_size=${ST_EVAL:-16384} --set max_seconds=${ST_SECONDS:-@LEFT@}"
       local D="--set position.projection=full-rank --set position.conv_size=1 --set position.gate=per-channel"
       D="$D --set position.max_temperature=3.141592653589793 --set position.projection_gain=8.0 --set position.phase_noise=0.1"
       synth_all <<LIST

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,9 @@ from safetensors.torch import load_file
 
 from srope.lab.cli import srope_model_factory
 from srope.lab.tasks import run_synthetic
+from srope.lab.tasks import runner
 from srope.lab.tasks.runner import EVALUATIONS_FILE
+from srope.lab.train.checkpoint import load_checkpoint
 from srope.lab.tasks.cli import add_synth_arguments, run_synth_command
 from tests.lab.tasks.standin import gru_factory
 from tests.lab.tasks.test_runner import SMOKE
@@ -115,9 +118,10 @@ def _env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
-def test_sigterm_then_resume_through_the_cli(tmp_path):
+def test_sigterm_then_resume_through_the_cli(tmp_path, monkeypatch):
     """`srope synth` (the real model) stops on SIGTERM after its step with a checkpoint and
-    exit code 143; `--resume` then ends where an uninterrupted run ends."""
+    exit code 143; `--resume` then ends where an uninterrupted run ends, also in another
+    folder holding only the latest checkpoint (a run carried to the next GPU session)."""
     sets = {**SMOKE["state_tracking"], "batch_size": 16, "epochs": 4, "stop_at": "null", "threads": 1, "checkpoint_every": 1000}
     argv = ["state_tracking", "--mixer", "gla", "--position", "selective_rope", "--no-progress", "--cache-dir", "none"]
     argv += [f"--set={k}={v}" for k, v in {**sets, **{k: v for k, v in REAL.items() if k.startswith("model.")}}.items()]
@@ -131,8 +135,16 @@ def test_sigterm_then_resume_through_the_cli(tmp_path):
     assert "srope synth: stopped by SIGTERM" in err and "continue with --resume" in err, err
     stopped = json.loads((out / "results.json").read_text())
     assert not stopped["complete"] and checkpoints(out) and "synth state_tracking" in stopped["provenance"][0]["command"]
+    moved = tmp_path / "elsewhere" / "run"
+    shutil.copytree(out, moved, ignore=lambda folder, names: [n for n in names if n.endswith(".tmp")])
+    for older in checkpoints(moved)[:-1]:
+        shutil.rmtree(older)
+    shutil.rmtree(out)
+    out, latest, loaded = moved, checkpoints(moved)[-1], []
+    monkeypatch.setattr(runner, "load_checkpoint", lambda path, *a, **k: loaded.append(path) or load_checkpoint(path, *a, **k))
 
     assert run_synth_command(_parse([*argv, "--out", str(out), "--resume"]), srope_model_factory) == 0  # checkpoint_every may change
+    assert loaded == [latest]  # continued from there, not begun again
     whole = run_synthetic("state_tracking", srope_model_factory, out=tmp_path / "whole", overrides=_overrides(argv), cache_dir=None, progress=False, plot=False)
     resumed = json.loads((out / "results.json").read_text())
     assert numbers(resumed) == numbers(whole) and resumed["complete"]
