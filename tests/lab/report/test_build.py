@@ -39,6 +39,18 @@ def test_copying_rows_put_the_paper_beside_ours_with_budget_and_provenance(writt
     assert "Verdict: **reproduced**" in text  # Selective RoPE 85% beyond the training length, the others near 0
 
 
+def test_copying_lists_every_run_with_the_length_it_copies_to(written):
+    """Below the means, one line per seed: the longest length copied (string accuracy ≥ 0.9 at
+    it and every shorter one) and the accuracy at the first evaluated length ≥ 1.25x and 1.5x
+    the training length (both 128 here: the fixture evaluates 2, 32, 64, 128, 256, 512)."""
+    text = _page(written, "copying").split("Every run:", 1)[1]
+    assert "| variant | seed | time limit | str acc ≤ 64, % | longest length with str acc ≥ 0.9 | str acc @ 128, % | str / char acc > 64, % |" in text
+    assert "| gla/nope | 1 | – | 95.0 | 64 | 7.0 | 7.0 / 7.0 |" in text  # 0.07 from 128 on: copies to 64
+    assert "| gla/selective_rope | 1 | – | 95.0 | 512 | 90.0 | 90.0 / 90.0 |" in text  # 0.9 everywhere: copies to the longest
+    assert "| gla/selective_rope | 0 | – | 95.0 | 64 | 80.0 |" in text
+    assert sum(line.startswith("| gla/") for line in text.splitlines()) == 6  # 3 variants x 2 seeds, the means' table above excluded
+
+
 def head_short() -> str:
     head = provenance._git("rev-parse", "HEAD")
     if head is None:

@@ -390,11 +390,61 @@ def copying_page(rows: list[Row]) -> Page:
         verdicts.append(("", title, verdict))
         parts += [f"## {title}", "", _folders(group), "", f"Verdict: {verdict.line()}", "",
                   _table(["variant", f"str acc ≤ {train_len}, %", f"str acc > {train_len}, %", f"char acc > {train_len}, %", "str acc @ longest, %", "seeds",
-                          f"paper ({exp.source.split(' (')[0]})", "protocol differences", "budget", "provenance"], body), ""]
+                          f"paper ({exp.source.split(' (')[0]})", "protocol differences", "budget", "provenance"], body), "",
+                  "Every run:", "", _copying_runs_table(group, train_len), ""]
     if not mine:
         parts.append("No copying results were found.")
     parts += [_footnotes(mine), _no_counterpart([r for r in rows if r.experiment != "copying"])]
     return Page("copying", exp.title, "\n".join(parts).rstrip() + "\n", verdicts, rows)
+
+
+EXTRAPOLATION_LENGTHS = {"str_acc_by_length": (1.25, 1.5), "char_acc_by_length": (2, 4, 8)}  # multiples of the training length
+COPIES = 0.9  # string accuracy that counts as copying a length
+
+
+def _at_or_after(x: list, length: float) -> int | None:
+    """The index of the first evaluated length ≥ ``length`` (None: evaluated only shorter)."""
+    return next((i for i, v in enumerate(x) if v >= length), None)
+
+
+def copies_up_to(curve: tuple[list, list] | None) -> int | None:
+    """The longest length up to which every evaluated length has string accuracy ≥ COPIES
+    (None: not even the shortest, or no curve)."""
+    if not curve:
+        return None
+    longest = None
+    for length, acc in zip(*curve):
+        if acc < COPIES:
+            break
+        longest = length
+    return longest
+
+
+def _copying_runs_table(group: list[Row], train_len: int | None) -> str:
+    """One line per run (seed): what the row's means are made of, with the length each run
+    copies to and its accuracies at a few multiples of the training length."""
+    first = next((r.curves for row in group for r in row.runs if r.curves), {})
+    columns = []  # (curve name, index into x, header)
+    for name, multiples in EXTRAPOLATION_LENGTHS.items():
+        x = first.get(name, ([], []))[0]
+        picked = dict.fromkeys(i for m in multiples if train_len and (i := _at_or_after(x, m * train_len)) is not None)
+        if picked:
+            columns.append((name, list(picked), f"{name.split('_')[0]} acc @ {' / '.join(str(x[i]) for i in picked)}, %"))
+    body = []
+    for row in group:
+        for run in row.runs:
+            stopped = "; ".join(f"at {s:,} of {p:,} steps" for s, p in run.time_limited) or "–"
+            cells = []
+            for name, picked, _ in columns:
+                y = run.curves.get(name, ([], []))[1]
+                cells.append(" / ".join(f"{100 * y[i]:.1f}" if i < len(y) else "–" for i in picked))
+            longest = copies_up_to(run.curves.get("str_acc_by_length"))
+            extrapolation = " / ".join(fmt((run.metrics[m], None, 1)) if isinstance(run.metrics.get(m), (int, float)) else "–"
+                                       for m in ("str_acc_extrapolation", "char_acc_extrapolation"))
+            body.append([row.label, str(run.seed), stopped, fmt((run.metrics["str_acc_train_range"], None, 1)) if "str_acc_train_range" in run.metrics else "–",
+                         "–" if longest is None else str(longest), *cells, extrapolation, marks(run.provenance)])
+    return _table(["variant", "seed", "time limit", f"str acc ≤ {train_len}, %", f"longest length with str acc ≥ {COPIES}", *(h for _, _, h in columns),
+                   f"str / char acc > {train_len}, %", "provenance"], body)
 
 
 def copying_verdict(group: list[Row]) -> Verdict:
