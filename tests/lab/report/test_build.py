@@ -48,7 +48,18 @@ def test_copying_lists_every_run_with_the_length_it_copies_to(written):
     assert "| gla/nope | 1 | – | 95.0 | 64 | 7.0 | 7.0 / 7.0 |" in text  # 0.07 from 128 on: copies to 64
     assert "| gla/selective_rope | 1 | – | 95.0 | 512 | 90.0 | 90.0 / 90.0 |" in text  # 0.9 everywhere: copies to the longest
     assert "| gla/selective_rope | 0 | – | 95.0 | 64 | 80.0 |" in text
-    assert sum(line.startswith("| gla/") for line in text.splitlines()) == 6  # 3 variants x 2 seeds, the means' table above excluded
+    first_table = text.strip().split("\n\n", 1)[0]
+    assert sum(line.startswith("| gla/") for line in first_table.splitlines()) == 6  # 3 variants x 2 seeds
+
+
+def test_state_tracking_lists_every_run_with_the_prefix_it_tracks(written):
+    """Below the means, one line per seed, with the longest prefix length whose sequence
+    accuracy (and every shorter one's) is ≥ 90% and ≥ 50% (fixture: lengths 1, 128, 512)."""
+    text = _page(written, "state_tracking").split("### srope synth state_tracking --preset test", 1)[1].split("Every run:", 1)[1]  # not the demo's group
+    assert "| gla/nope | 1 | – | 1.0 | – | – | 1 / 1 |" in text  # right at length 1 only
+    assert "| gla/selective_rope | 0 | – | 100.0 | – | – | 512 / 512 |" in text  # 0.97 at 512
+    first_table = text.strip().split("\n\n", 1)[0]
+    assert sum(line.startswith("| gla/") for line in first_table.splitlines()) == 6  # 3 variants x 2 seeds
 
 
 def head_short() -> str:

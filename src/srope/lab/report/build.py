@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -407,44 +407,65 @@ def _at_or_after(x: list, length: float) -> int | None:
     return next((i for i, v in enumerate(x) if v >= length), None)
 
 
-def copies_up_to(curve: tuple[list, list] | None) -> int | None:
-    """The longest length up to which every evaluated length has string accuracy ≥ COPIES
-    (None: not even the shortest, or no curve)."""
+def holds_up_to(curve: tuple[list, list] | None, threshold: float) -> int | None:
+    """The longest length up to which the accuracy at every evaluated length is ≥ ``threshold``
+    (None: not even at the shortest, or no curve)."""
     if not curve:
         return None
     longest = None
     for length, acc in zip(*curve):
-        if acc < COPIES:
+        if acc < threshold:
             break
         longest = length
     return longest
 
 
-def _copying_runs_table(group: list[Row], train_len: int | None) -> str:
-    """One line per run (seed): what the row's means are made of, with the length each run
-    copies to and its accuracies at a few multiples of the training length."""
-    first = next((r.curves for row in group for r in row.runs if r.curves), {})
-    columns = []  # (curve name, index into x, header)
-    for name, multiples in EXTRAPOLATION_LENGTHS.items():
-        x = first.get(name, ([], []))[0]
-        picked = dict.fromkeys(i for m in multiples if train_len and (i := _at_or_after(x, m * train_len)) is not None)
-        if picked:
-            columns.append((name, list(picked), f"{name.split('_')[0]} acc @ {' / '.join(str(x[i]) for i in picked)}, %"))
+def _percent(run: Run, metric: str) -> str:
+    value = run.metrics.get(metric)
+    return f"{100 * value:.1f}" if isinstance(value, (int, float)) else "–"
+
+
+def _every_run(group: list[Row], columns: list[tuple[str, Callable[[Run], str]]]) -> str:
+    """One line per run (seed) of the rows' means, with when a time limit ended it."""
     body = []
     for row in group:
         for run in row.runs:
             stopped = "; ".join(f"at {s:,} of {p:,} steps" for s, p in run.time_limited) or "–"
-            cells = []
-            for name, picked, _ in columns:
+            body.append([row.label, str(run.seed), stopped, *(cell(run) for _, cell in columns), marks(run.provenance)])
+    return _table(["variant", "seed", "time limit", *(header for header, _ in columns), "provenance"], body)
+
+
+def _copying_runs_table(group: list[Row], train_len: int | None) -> str:
+    """Each run's longest length copied and its accuracies at a few multiples of the training length."""
+    first = next((r.curves for row in group for r in row.runs if r.curves), {})
+    columns: list[tuple[str, Callable[[Run], str]]] = [
+        (f"str acc ≤ {train_len}, %", lambda run: _percent(run, "str_acc_train_range")),
+        (f"longest length with str acc ≥ {COPIES}", lambda run: str(holds_up_to(run.curves.get("str_acc_by_length"), COPIES) or "–")),
+    ]
+    for name, multiples in EXTRAPOLATION_LENGTHS.items():
+        x = first.get(name, ([], []))[0]
+        picked = list(dict.fromkeys(i for m in multiples if train_len and (i := _at_or_after(x, m * train_len)) is not None))
+        if picked:
+            def at_lengths(run: Run, name=name, picked=picked) -> str:
                 y = run.curves.get(name, ([], []))[1]
-                cells.append(" / ".join(f"{100 * y[i]:.1f}" if i < len(y) else "–" for i in picked))
-            longest = copies_up_to(run.curves.get("str_acc_by_length"))
-            extrapolation = " / ".join(fmt((run.metrics[m], None, 1)) if isinstance(run.metrics.get(m), (int, float)) else "–"
-                                       for m in ("str_acc_extrapolation", "char_acc_extrapolation"))
-            body.append([row.label, str(run.seed), stopped, fmt((run.metrics["str_acc_train_range"], None, 1)) if "str_acc_train_range" in run.metrics else "–",
-                         "–" if longest is None else str(longest), *cells, extrapolation, marks(run.provenance)])
-    return _table(["variant", "seed", "time limit", f"str acc ≤ {train_len}, %", f"longest length with str acc ≥ {COPIES}", *(h for _, _, h in columns),
-                   f"str / char acc > {train_len}, %", "provenance"], body)
+                return " / ".join(f"{100 * y[i]:.1f}" if i < len(y) else "–" for i in picked)
+            columns.append((f"{name.split('_')[0]} acc @ {' / '.join(str(x[i]) for i in picked)}, %", at_lengths))
+    columns.append((f"str / char acc > {train_len}, %", lambda run: f"{_percent(run, 'str_acc_extrapolation')} / {_percent(run, 'char_acc_extrapolation')}"))
+    return _every_run(group, columns)
+
+
+def _state_runs_table(group: list[Row], eval_len) -> str:
+    """Each run's accuracies and how long a prefix it tracks on most sequences (a run far from
+    learning its task still shows how far it got)."""
+    def prefix(run: Run) -> str:
+        curve = run.curves.get("seq_acc_by_length")
+        return " / ".join(str(holds_up_to(curve, t) or "–") for t in (0.9, 0.5))
+    return _every_run(group, [
+        (f"seq acc @ train len {group[0].train_len}, %", lambda run: _percent(run, "seq_acc_at_train_len")),
+        (f"seq acc @ {eval_len}, %", lambda run: _percent(run, "seq_acc")),
+        (f"token acc @ {eval_len}, %", lambda run: _percent(run, "token_acc")),
+        ("longest prefix right on ≥ 90% / ≥ 50% of sequences", prefix),
+    ])
 
 
 def copying_verdict(group: list[Row]) -> Verdict:
@@ -566,7 +587,8 @@ def state_tracking_page(rows: list[Row]) -> Page:
             verdicts.append((exp.title, title, verdict))
             parts += [f"### {title}", "", _folders(group), "", f"Verdict: {verdict.line()}", "",
                       _table(["variant", f"seq acc @ train len {group[0].train_len}, %", f"seq acc @ {eval_len}, %", f"seeds learning (>= {LEARNS})", "seeds",
-                              "paper (Fig. 7)", "protocol differences", "budget", "provenance"], body), ""]
+                              "paper (Fig. 7)", "protocol differences", "budget", "provenance"], body), "",
+                      "Every run:", "", _state_runs_table(group, eval_len), ""]
     parts += [_footnotes(mine), _no_counterpart([r for r in rows if r not in mine])]
     return Page("state_tracking", "State tracking (S2 parity, A3)", "\n".join(parts).rstrip() + "\n", verdicts, rows)
 
