@@ -4,7 +4,9 @@ Rows: the runs of one variant under one protocol (:class:`srope.lab.report.colle
 seed) make a row: the mean ± sd over seeds (sample sd, n−1; none with one seed), the number
 of seeds, the paper's value or claim beside it, the protocol differences, our budget as a
 share of the paper's, and the provenance of every file behind the row (stale and unknown
-provenance are marked, with footnotes).
+provenance are marked, with footnotes). The copying and state-tracking pages list every run
+below the means: the seeds are few and far apart, and the longest length a run copies or
+tracks says more than a mean near zero.
 
 Verdicts: each protocol group (runs that share a protocol) gets one line, "reproduced",
 "not reproduced" or "not comparable (why)", by the rule :data:`RULES` states for the
