@@ -33,6 +33,9 @@
 #                 checkpoint) in the first; COPY_SECONDS=900 alone in the next, which resumes.
 #                 COPY_JOBS runs that many of a variant's seeds at once (COPY_SEEDS=1,2
 #                 COPY_JOBS=2: two seeds in one folder; GPU-bound, so each at about half speed)
+#                 Detached (below), two variants at once fill an H100 (12.9 steps/s together,
+#                 about 940 s with their evaluation); three add nothing (12.5) and took more
+#                 than the 1,300 s one session leaves them
 #   mqar          Fig. 6 (sequence 512, 64 pairs): NoPE, RoPE and Selective RoPE sweeps over widths,
 #                 learning rates and seeds (MQAR_WIDTHS, MQAR_LRS, MQAR_SEEDS; MQAR_JOBS runs of a
 #                 sweep at once; MQAR_SET: more --set, e.g. a budget), continued by later calls;
