@@ -19,11 +19,10 @@ import torch
 from safetensors.torch import load_file
 
 from srope.lab.cli import srope_model_factory
-from srope.lab.tasks import run_synthetic
-from srope.lab.tasks import runner
+from srope.lab.tasks import run_synthetic, runner
+from srope.lab.tasks.cli import add_synth_arguments, run_synth_command
 from srope.lab.tasks.runner import EVALUATIONS_FILE
 from srope.lab.train.checkpoint import load_checkpoint
-from srope.lab.tasks.cli import add_synth_arguments, run_synth_command
 from tests.lab.tasks.standin import gru_factory
 from tests.lab.tasks.test_runner import SMOKE
 
