@@ -18,8 +18,9 @@
 #                 and then evaluated; eval_size ST_EVAL (16384) instead of the preset's 500,000
 #   st-gla        Fig. 7's GLA S2 panel at the authors' recipe: NoPE, RoPE, Selective RoPE as they
 #                 ran it and with srope demo's encoding (the recipe's regularisers), for what is
-#                 left of the call; one run alone per call reaches the most steps:
-#                 SYNTH_ONLY=st-gla-s2-rope bash experiments/gpu.sh st-gla
+#                 left of the call; detached (below), two at once reach about 10,000 steps each
+#                 in a session on an H100 (14.5 steps/s together, evaluation 14 s):
+#                 DETACH=1 CALL_S=1600 SYNTH_ONLY='st-gla-s2-(nope|srope)' bash experiments/gpu.sh st-gla
 #   copying       Fig. 5 at the authors' protocol: NoPE, RoPE, Selective RoPE and Selective
 #                 RoPE + gate + bias for COPY_SEEDS (default 0), each trained for at most what is
 #                 left of the call less EVAL_MARGIN (150 s) for the evaluation at every length
