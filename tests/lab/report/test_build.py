@@ -263,3 +263,33 @@ def test_an_mqar_grid_without_the_papers_setting_is_reported_without_a_mean(tmp_
     write_report([tmp_path], tmp_path / "report")
     text = (tmp_path / "report" / "mqar.md").read_text()
     assert "gla/selective_rope" in text and "mean over widths" not in text
+
+
+def test_state_tracking_says_which_evaluation_it_reports_and_when_the_last_lost_it(tmp_path):
+    """select=best: the per-run table names the step of the reported evaluation and, where the
+    last evaluation differs, its accuracies; the verdict says when Selective RoPE learned at its
+    best evaluation and lost it by the end. A record from before ``reported_step`` kept the
+    first of equal best scores, which the report infers from its history."""
+    from srope.lab.report.write import write_report
+
+    from .conftest import _write, head, run, synth
+
+    cfg = {"group": "S2", "train_len": 128, "eval_len": 512, "train_size": 2_000_000, "eval_size": 500_000, "epochs": 100, "batch_size": 1024,
+           "lrs": [5e-4], "select": "best", "model": {"hidden_size": 384, "num_hidden_layers": 1, "num_heads": 12}}
+    settings = [{"name": "S2", "params": {}, "max_len": 129}]
+    history = [{"epoch": e, "step": 100 * e, "train_loss": 0.6, "score": s} for e, s in ((1, 0.0), (2, 0.5), (3, 0.0))]
+    srope = {**run("S2", 0, 0.5, {"seq_acc_at_train_len": 1.0}, planned=10_000), "steps": 300, "history": history, "reported_step": 200,
+             "final": {"score": 0.0, "seq_acc": 0.0, "seq_acc_at_train_len": 0.009, "step": 300}}
+    old = {**run("S2", 0, 0.0, {"seq_acc_at_train_len": 0.0}, planned=10_000), "steps": 300, "history": [{**h, "score": 0.0} for h in history],
+           "final": {"score": 0.0, "seq_acc": 0.0, "seq_acc_at_train_len": 0.0}}
+    _write(tmp_path / "st-srope/results.json", synth("state_tracking", "selective_rope", [srope], cfg, settings, head()))
+    _write(tmp_path / "st-nope/results.json", synth("state_tracking", "nope", [old], cfg, settings, head()))
+    _write(tmp_path / "st-rope/results.json", synth("state_tracking", "rope", [{**old, "reported_step": 300}], cfg, settings, head()))
+    write_report([tmp_path], tmp_path / "report")
+    text = (tmp_path / "report" / "state_tracking.md").read_text()
+    runs = text.split("Every run:", 1)[1]
+    assert "| best: step 200; the last (step 300): 0.9 / 0.0 |" in _row(runs, "gla/selective_rope")
+    assert "| best: step 100; the last (step 300): 0.0 / 0.0 |" in _row(runs, "gla/nope")  # inferred: the first of three 0s
+    assert "| best: the last, step 300 |" in _row(runs, "gla/rope")
+    verdict = next(line for line in text.splitlines() if line.startswith("Verdict:"))
+    assert "not reproduced" in verdict and "then loses it (seed 0: 0.9% at its last evaluation (step 300), 100.0% at step 200)" in verdict

@@ -51,3 +51,15 @@ def test_mqar_draws_every_runs_test_accuracy_after_each_epoch(tmp_path):
     drawn = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
     assert drawn["gla/nope T64-kv4-d64 (1 seed)"] == curves["nope"] and drawn["gla/selective_rope T64-kv4-d64 (1 seed)"] == curves["selective_rope"]
     assert list(drawn["chance"]) == [2 / 128, 2 / 128]
+
+
+def test_a_curve_from_before_the_last_evaluation_says_at_which_step():
+    """select=best: the legend names the step a curve was measured at when it is not the last."""
+    from srope.lab.report.plots import _earlier
+
+    def row(*reported):
+        return SimpleNamespace(runs=[SimpleNamespace(reported=[r]) for r in reported])
+
+    assert _earlier(row({"step": 7_816, "steps": 9_587})) == "; at step 7,816 of 9,587"
+    assert _earlier(row({"step": 9_587, "steps": 9_587}, {"step": None, "steps": 10})) == ""
+    assert _earlier(row({"step": 5, "steps": 9}, {"step": 9, "steps": 9}, {"step": 2, "steps": 9})) == "; 2 of 3 at an evaluation before their last"

@@ -125,6 +125,27 @@ def test_stopping_rules(changes, scores, epochs, stopped, chosen):
     assert record["steps"] == 2 * epochs and [h["score"] for h in record["history"]] == scores[:epochs]
 
 
+def test_best_of_equal_scores_is_the_later_evaluation_and_the_record_says_which_step():
+    """A run whose scores are all 0 reports the model it ended with (not its first evaluation);
+    a tie is not an improvement for patience; every record names the reported step and keeps
+    the last and the best evaluation's scalars with theirs."""
+    setting = Setting(name="fake", group="fake", vocab_size=3, max_len=3, params={})
+
+    def record(scores, **changes):
+        cfg = apply_overrides(ST_PRESETS["authors"], {"epochs": len(scores), "stop_at": None, "select": "best", **changes})
+        return train_run("state_tracking", cfg, setting, _Scripted(scores).prepared, lambda r: nn.Sequential(nn.Embedding(3, 4), nn.Linear(4, 3)),
+                         lr=1e-3, weight_decay=0.0, seed=0, device=torch.device("cpu"), progress=False)
+
+    flat = record([0.0, 0.0, 0.0])
+    assert flat["reported_step"] == 6 and flat["metrics"]["tag"] == 3 and "step" not in flat["metrics"]
+    peaked = record([0.0, 0.5, 0.1])
+    assert peaked["reported_step"] == 4 and peaked["metrics"]["tag"] == 2 and peaked["score"] == 0.5
+    assert peaked["best"]["step"] == 4 and peaked["final"] == {"score": 0.1, "tag": 3, "step": 6}
+    tied = record([0.3, 0.3, 0.3, 0.3], epochs=10, patience=2)
+    assert tied["stopped"] == "patience" and tied["epochs"] == 3 and tied["reported_step"] == 6
+    assert record([0.2, 0.1], select="final")["reported_step"] == 4
+
+
 def test_min_loss_reports_the_evaluation_of_least_test_loss():
     cfg = apply_overrides(ST_PRESETS["authors"], {"epochs": 5, "stop_at": None, "select": "min_loss"})
     fake = _Scripted([0.1, 0.3, 0.2, 0.25, 0.9])

@@ -467,7 +467,31 @@ def _state_runs_table(group: list[Row], eval_len) -> str:
         (f"seq acc @ {eval_len}, %", lambda run: _percent(run, "seq_acc")),
         (f"token acc @ {eval_len}, %", lambda run: _percent(run, "token_acc")),
         ("longest prefix right on ≥ 90% / ≥ 50% of sequences", prefix),
+        (f"evaluation reported (the last one's seq acc @ {group[0].train_len} / @ {eval_len}, % where it differs)", _reported_cell),
     ])
+
+
+def _reported_cell(run: Run) -> str:
+    """Which evaluation a run's numbers come from: with ``select=best`` it may be long before the
+    end, and the model the run ended with may have lost what the best one had."""
+    cells = []
+    for r in run.reported:
+        if r["step"] is None:
+            cells.append(f"{r['select']} (step not recorded)")
+        elif r["step"] == r["steps"]:
+            cells.append(f"{r['select']}: the last, step {r['step']:,}")
+        else:
+            last = " / ".join(f"{100 * v:.1f}" if isinstance(v := r["final"].get(k), (int, float)) else "–" for k in ("seq_acc_at_train_len", "seq_acc"))
+            cells.append(f"{r['select']}: step {r['step']:,}; the last (step {r['steps']:,}): {last}")
+    return "; ".join(cells) or "–"
+
+
+def _lost_by_the_end(row: Row, metric: str) -> list[str]:
+    """Runs whose reported evaluation learned (``metric`` >= LEARNS) and whose last did not."""
+    return [f"seed {run.seed}: {100 * r['final'][metric]:.1f}% at its last evaluation (step {r['steps']:,}), {100 * run.metrics[metric]:.1f}% at step {r['step']:,}"
+            for run in row.runs for r in run.reported
+            if r["step"] is not None and r["step"] != r["steps"] and run.metrics.get(metric, 0) >= LEARNS
+            and isinstance(r["final"].get(metric), (int, float)) and r["final"][metric] < LEARNS]
 
 
 def copying_verdict(group: list[Row]) -> Verdict:
@@ -607,7 +631,9 @@ def state_tracking_verdict(exp: paper.Experiment, group: list[Row]) -> Verdict:
     train, extra = sel.stat("seq_acc_at_train_len"), sel.stat("score")
     if train is None:
         return Verdict("not comparable", "no accuracy at the training length was recorded")
-    checks = [(f"Selective RoPE ({sel.label}) learns: {fmt(train)}% at the training length", train[0] >= LEARNS)]
+    lost = _lost_by_the_end(sel, "seq_acc_at_train_len")
+    checks = [(f"Selective RoPE ({sel.label}) learns: {fmt(train)}% at the training length"
+               + (f" at its best evaluation, and then loses it ({'; '.join(lost)})" if lost else ""), train[0] >= LEARNS)]
     if exp.key == "state_tracking/gla-S2":
         checks.append((f"extrapolates: {fmt(extra)}% at the evaluation length", extra is not None and extra[0] >= EXTRAPOLATES))
     for name in ("NoPE", "RoPE"):

@@ -131,6 +131,9 @@ class Run:
     ablation_row: str | None = None  # the LM ablation's row (v3 Table 2)
     config: dict = field(default_factory=dict)  # the protocol's settings, to tell apart groups that read alike
     histories: dict[str, tuple[list, list]] = field(default_factory=dict)  # setting -> (steps, score after each evaluation)
+    # per setting, which evaluation the metrics come from: {"select", "step" (None: not recorded),
+    # "steps" (trained), "final" (the last evaluation's scalars)}
+    reported: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -357,7 +360,7 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
         curves: dict[str, tuple[list, list]] = {}
         histories = {s: ([h["step"] for h in r["history"]], [h["score"] for h in r["history"]]) for s, r in mine.items() if r.get("history")}
         budget = 0.0
-        seed_notes, time_limited = list(notes), []
+        seed_notes, time_limited, reported = list(notes), [], []
         for setting, record in mine.items():
             examples = _run_examples(task, cfg, pool["settings"].get(setting, {}), record)
             budget = budget + examples if examples is not None and budget is not None else None
@@ -367,6 +370,8 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
                 metrics.update({k: v for k, v in record["metrics"].items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
                 for name, curve in record["metrics"].get("curves", {}).items():
                     curves[name] = (curve["x"], curve["y"])
+            select = cfg.get("select", "final")
+            reported.append({"select": select, "step": _reported_step(record, select), "steps": record.get("steps"), "final": record.get("final", {})})
             if record.get("diverged") and "diverged" not in seed_notes:
                 seed_notes.append("diverged")
             if record.get("stopped") == "time":
@@ -386,9 +391,23 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
             provenance=list(dict.fromkeys(p for group, _ in provs for p in group)), sources=list(dict.fromkeys(src for _, src in provs)), notes=seed_notes,
             time_limited=time_limited, trained=len(mine),
             train_len=cfg.get("train_len") or cfg.get("max_len"), config={k: v for k, v in cfg.items() if k not in _NOT_PROTOCOL},
-            histories=histories,
+            histories=histories, reported=reported,
         ))  # fmt: skip
     return runs
+
+
+def _reported_step(record: dict, select: str) -> int | None:
+    """The step of the evaluation a record's metrics come from. Records that do not say
+    (``reported_step`` is newer) kept, of equal best scores, the first."""
+    if "reported_step" in record:
+        return record["reported_step"]
+    history = record.get("history") or []
+    if not history or select not in ("final", "best"):
+        return None
+    if select == "final":
+        return history[-1]["step"]
+    top = max(h["score"] for h in history)
+    return next(h["step"] for h in history if h["score"] == top)
 
 
 def mad_scores(per_setting: dict[str, float]) -> dict[str, float]:

@@ -61,6 +61,16 @@ def _colors(rows: list[Row]) -> list[str]:
     return out
 
 
+def _earlier(row: Row) -> str:
+    """Says when a curve is not of the model a run ended with (``select=best``)."""
+    earlier = [(r["step"], r["steps"]) for run in row.runs for r in run.reported if r["step"] is not None and r["step"] != r["steps"]]
+    if not earlier:
+        return ""
+    if len(row.runs) == 1 and len(earlier) == 1:
+        return f"; at step {earlier[0][0]:,} of {earlier[0][1]:,}"
+    return f"; {len(earlier)} of {len(row.runs)} at an evaluation before their last"
+
+
 def _curves(ax, group: list[Row], name: str) -> None:
     for row, color in zip(group, _colors(group)):
         curves = [r.curves[name] for r in row.runs if name in r.curves and r.curves[name][0]]
@@ -69,7 +79,7 @@ def _curves(ax, group: list[Row], name: str) -> None:
         x = list(curves[0][0])
         ys = [list(c[1]) for c in curves if list(c[0]) == x]
         mean = [sum(v) / len(v) for v in zip(*ys)]
-        line = ax.plot(x, mean, label=f"{row.label} ({_seeds(len(ys))})", color=color, linewidth=1.4)[0]
+        line = ax.plot(x, mean, label=f"{row.label} ({_seeds(len(ys))}{_earlier(row)})", color=color, linewidth=1.4)[0]
         if len(ys) > 1:
             ax.fill_between(x, [min(v) for v in zip(*ys)], [max(v) for v in zip(*ys)], color=line.get_color(), alpha=0.15)
     if group[0].train_len:

@@ -353,7 +353,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         if progress:
             bar.write(f"evaluating after step {step} ({setting.name} lr={lr:g} wd={weight_decay:g} seed={seed})", file=sys.stderr)
         began = time.perf_counter()
-        last = prepared.evaluate(predict)
+        last = {**prepared.evaluate(predict), "step": step}
         eval_seconds += time.perf_counter() - began
         if progress:
             bar.write(f"evaluated after step {step} in {time.perf_counter() - began:.0f} s: score {last['score']:.4f}", file=sys.stderr)
@@ -361,8 +361,11 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             _write_json(run_dir / EVALUATIONS_FILE, {"run": identity, "steps": step, "planned_steps": total, "history": history})
-        if best is None or last["score"] > best["score"]:
-            best, since_best = last, 0
+        if best is None or last["score"] >= best["score"]:
+            # a tie goes to the later evaluation: a run whose scores are all 0 reports the model
+            # it ended with, not its first evaluation; patience counts only improvements
+            since_best = 0 if best is None or last["score"] > best["score"] else since_best + 1
+            best = last
         else:
             since_best += 1
         if cfg.select == "min_loss":
@@ -390,7 +393,8 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
     chosen = {"best": best, "final": last, "min_loss": lowest}[cfg.select]
     record = {
         "setting": setting.name, "group": setting.group, "x": setting.x, "lr": lr, "weight_decay": weight_decay, "seed": seed,
-        "score": chosen["score"], "metrics": chosen, "final": _scalars(last), "best": _scalars(best),
+        "score": chosen["score"], "metrics": {k: v for k, v in chosen.items() if k != "step"}, "reported_step": chosen.get("step"),
+        "final": _scalars(last), "best": _scalars(best),
         **({"min_loss": _scalars(lowest)} if lowest is not None else {}),
         "steps": step, "planned_steps": total, "epochs": len(history), "stopped": stopped, "diverged": diverged, "head_at_targets": at_targets,
         "graph_steps": graph_steps(),
