@@ -243,9 +243,11 @@ LIST
       # encoding of srope demo (full-rank projection at gain 8, phase noise 0.1, conv 1,
       # per-channel gate, max temperature pi; the demo's curriculum and weight average are not
       # part of this protocol), each trained for what is left of the call (SYNTH_ONLY picks);
-      # ST_SEEDS (0) and ST_EVAL as above
+      # ST_SEEDS (0) and ST_EVAL as above; ST_JOBS runs that many of a variant's seeds at once
+      # (ST_SEEDS=1,2 ST_JOBS=2 SYNTH_ONLY=st-gla-s2-srope-demo-encoding: two seeds, one folder)
       export SROPE_AUTOTUNE=${AUTOTUNE:-first}
       local G="--preset authors --set seeds=${ST_SEEDS:-0} --set eval_size=${ST_EVAL:-16384} --set max_seconds=${ST_SECONDS:-@LEFT@}"
+      [ -n "${ST_JOBS:-}" ] && G="$G --jobs $ST_JOBS"
       local D="--set position.projection=full-rank --set position.conv_size=1 --set position.gate=per-channel"
       D="$D --set position.max_temperature=3.141592653589793 --set position.projection_gain=8.0 --set position.phase_noise=0.1"
       synth_all <<LIST
