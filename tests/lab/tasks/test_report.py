@@ -56,3 +56,15 @@ def test_mad_rows_sit_beside_table_1(tmp_path):
     text = task_report.report([_folder(tmp_path, "mad", data)])
     assert "| paper: GLA RoPE | 85.2 | 7.5 | 92.6 | 61.4 | 91.9 | 96.4 | 72.5 |" in text
     assert "gla/rope [unknown‡] (1/66 settings)" in text
+
+
+def test_a_state_tracking_row_shows_its_last_evaluation_beside_the_best(tmp_path):
+    """select=best: the reported accuracies are the best evaluation's; the row also shows the
+    last evaluation's, so a run that learned and lost it is seen at once (mean over seeds)."""
+    cfg = {"group": "S2", "train_len": 128, "eval_len": 512, "model": {"hidden_size": 8}}
+    settings = [{"name": "S2", "params": {}, "max_len": 129}]
+    runs = [{**run("S2", seed, 0.5, {"seq_acc_at_train_len": 1.0}), "final": {"score": 0.0, "seq_acc_at_train_len": last}}
+            for seed, last in ((0, 0.2), (1, 0.4))]
+    folder = _folder(tmp_path, "st", _summarised(synth("state_tracking", "selective_rope", runs, cfg, settings, None)))
+    row = next(line for line in task_report.report([folder]).splitlines() if line.startswith("| gla/selective_rope"))
+    assert "| 100.0 | 50.0 |" in row and "| 30.0 / 0.0 |" in row

@@ -100,9 +100,11 @@ def _state_tracking(results_list: list[dict]) -> str:
         for name, entry in res.get("summary", {}).items():
             train_acc, _ = _seeds_spread(entry, "seq_acc_at_train_len")
             eval_acc, eval_std = _seeds_spread(entry, "score")
+            last = entry.get("final_scalars", {})
             rows.append([res["label"] + _status(res), name, _pct(train_acc), _pct(eval_acc, eval_std), _pct(entry["scalars"].get("token_acc")),
+                         f"{_pct(last.get('seq_acc_at_train_len'))} / {_pct(last.get('score'))}",
                          f"{entry['lr']:g}", str(len(entry["seeds"])), str(cfg["train_len"]), str(cfg["eval_len"])])
-    header = ["model", "group", "seq acc @ train len", "seq acc @ eval len", "token acc", "lr", "seeds", "train len", "eval len"]
+    header = ["model", "group", "seq acc @ train len", "seq acc @ eval len", "token acc", "last eval: @ train len / @ eval len", "lr", "seeds", "train len", "eval len"]
     return _table(header, rows)
 
 

@@ -29,6 +29,8 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
             "group": recs[0]["group"], "x": recs[0]["x"], "lr": point[0], "weight_decay": point[1],
             "score_mean": float(np.mean(scores)), "score_std": float(np.std(scores)), "scores": scores, "seeds": [r["seed"] for r in recs],
             "scalars": {k: float(np.mean([r["metrics"][k] for r in recs])) for k in scalar_keys},
+            # the last evaluation's, where a task reports another (select best / min_loss)
+            "final_scalars": {k: float(np.mean([r["final"][k] for r in recs])) for k in scalar_keys if all(k in r.get("final", {}) for r in recs)},
             "curves": _curve_stats(recs),
             "grid": [{"lr": p[0], "weight_decay": p[1], "score_mean": m} for p, m in sorted(means.items())],
         }
