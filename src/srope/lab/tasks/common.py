@@ -40,8 +40,8 @@ class TaskConfig(RunConfig):
     decay to 0: copying) or ``"constant"``. ``stop_at``: stop once the eval score passes it
     (``>`` or, with ``stop_inclusive``, ``>=``); ``patience``: stop after that many evals
     without improvement. ``select``: which eval a run reports: ``"final"``, ``"best"`` (the
-    highest score; of equal scores the later evaluation) or ``"min_loss"`` (the lowest test loss, as a best-loss checkpoint gives;
-    for tasks whose evaluation reports ``"loss"``).
+    highest score; of equal scores the later evaluation) or ``"min_loss"`` (the lowest test
+    loss, as a best-loss checkpoint gives; for tasks whose evaluation reports ``"loss"``).
     ``max_steps`` caps every run (for quick runs; ``None``: the protocol's length).
     ``max_seconds`` is a wall-clock budget per run (resumed time counted): training stops at
     the first step past it, the run evaluates once more and records ``stopped: "time"``. The
