@@ -36,7 +36,9 @@
 #                 COPY_JOBS=2: two seeds in one folder; GPU-bound, so each at about half speed)
 #                 Detached (below), two variants at once fill an H100 (12.9 steps/s together,
 #                 about 940 s with their evaluation); three add nothing (12.5) and took more
-#                 than the 1,300 s one session leaves them
+#                 than the 1,300 s one session leaves them. Keep the warm-up (WARM=1) on a
+#                 fresh machine: without it two runs autotuned fla's kernels side by side for
+#                 their first 100 steps (5 min 48 s). Too large for a snapshot (below).
 #   mqar          Fig. 6 (sequence 512, 64 pairs): NoPE, RoPE and Selective RoPE sweeps over widths,
 #                 learning rates and seeds (MQAR_WIDTHS, MQAR_LRS, MQAR_SEEDS; MQAR_JOBS runs of a
 #                 sweep at once; MQAR_SET: more --set, e.g. a budget), continued by later calls;
@@ -65,7 +67,9 @@
 # run "collect" (carrying .whl and .tcache or not: the detached runs use the machine's own
 # copies, see benchmarks/device-env.sh). Results go to out/gpu until collected. They die with
 # the machine: it goes back when no call arrives within its idle release (30 s), so queue each
-# collect the moment the last returns (a gap of minutes lost three runs at 37-47% of their steps).
+# collect the moment the last returns (a gap of minutes lost three runs at 37-47% of their steps;
+# a reply slower than 30 s has lost a call's worth). A collect that ends with runs in progress
+# leaves a snapshot of them in $OUT (partial.tgz, see snapshot) to resume from in a later session.
 set -u
 if [ -n "${DETACH:-}" ] && [ -n "${OUT:-}" ]; then
   mkdir -p out/gpu
@@ -150,9 +154,14 @@ synth_all() {
     # the run's own budget ends EVAL_MARGIN s before the timeout below: its start-up (imports, data,
     # graph capture) and final evaluation fall in that margin, so the run stops and records its
     # result before the timeout can interrupt it (a margin of 5 s lost all three runs of a call)
-    args=${args//@LEFT@/$((limit - ${EVAL_MARGIN:-60}))}
     local resume="" label=$name
-    [ -f "out/synth/$name/results.json" ] && resume=--resume
+    if [ -f "out/synth/$name/results.json" ]; then
+      resume=--resume
+      # a run continued keeps the budget it began with (resume refuses another): max_seconds is
+      # a total over all calls, and what is left of it goes on from the checkpoint
+      [[ $args == *@LEFT@* ]] && args=${args//@LEFT@/$(recorded_budget "out/synth/$name/results.json")}
+    fi
+    args=${args//@LEFT@/$((limit - ${EVAL_MARGIN:-60}))}
     # a tag (MAD_TAG, MQAR_TAG) names the folder only: the row's label stays the variant's, so
     # that the report pools a tagged sweep's points with the untagged ones
     [ -n "${LABEL_DROP:-}" ] && label=${name/$LABEL_DROP/}
@@ -185,9 +194,36 @@ collect() {
     fi
     sleep 5
   done
-  running && echo "== still running: results of what finished so far only"
+  if running; then
+    echo "== still running: results of what finished so far only"
+    snapshot
+  fi
   echo "== $(date +%T)"; tail -n 12 out/gpu/detached-*.log; progress
   cp out/gpu/*.tgz* "$R"/ 2>/dev/null; ls -la "$R"
+}
+# The runs in progress as they stand: every synth folder with the newest checkpoint of each run,
+# as partial.tgz (pieces of 15 MiB). Should the machine go back before the next collect (a reply
+# slower than its idle release lost two sessions' detached runs), the next session unpacks it
+# (cat partial.tgz* | tar xz -C out), carries out/synth/NAME and runs the same stage: each run
+# resumes from its checkpoint with the budget it began with. SNAPSHOT=0 skips it; a snapshot
+# larger than SNAPSHOT_MIB (48: what $OUT and the next call's carry can hold beside the wheels)
+# is dropped with a message (copying's 4-layer d 512 runs: about 160 MB a checkpoint).
+snapshot() {
+  [ "${SNAPSHOT:-1}" = 1 ] || return 0
+  rm -f "$R"/partial.tgz*
+  KEEP_CHECKPOINTS=1 pack_synth partial '' > /dev/null
+  local bytes
+  bytes=$(cat "$R"/partial.tgz* | wc -c)
+  if [ "$bytes" -gt $((${SNAPSHOT_MIB:-48} << 20)) ]; then
+    echo "== snapshot of the runs in progress: $((bytes >> 20)) MiB, over SNAPSHOT_MIB (${SNAPSHOT_MIB:-48}); not kept"
+    rm -f "$R"/partial.tgz*
+  else
+    echo "== snapshot of the runs in progress: $((bytes >> 20)) MiB in $(ls "$R"/partial.tgz* | wc -l) file(s)"
+  fi
+}
+# The max_seconds a synth run began with, from its results.json.
+recorded_budget() {
+  python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"]["max_seconds"])' "$1"
 }
 # The synth_all lines of the paper's four variants of TASK with ARGS: NoPE (warming the caches),
 # RoPE, Selective RoPE, Selective RoPE + gate + bias, as NAME-nope ... NAME-srope-gate-bias
