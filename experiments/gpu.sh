@@ -47,6 +47,12 @@
 #   mad           Table 1: the six tasks' baseline settings (MAD_ONLY: others), NoPE, RoPE, Selective
 #                 RoPE and + gate + bias over the paper's optimiser grid (MAD_JOBS, MAD_SET, MAD_TAG
 #                 as for mqar)
+#   repeat        whether a GPU run repeats itself bitwise: REPEATS, srope synth arguments of each
+#                 repeat separated by ';', run one after the other in fresh processes, then
+#                 experiments/compare_repeats.py prints each run's weights' sha256 and training
+#                 loss and whether they are equal. Default: 300 steps of GLA S2 with the demo's
+#                 encoding at the authors' recipe, seed 0, twice alone, once beside seed 1
+#                 (--jobs 2) and once with a larger evaluation set (about 5 minutes)
 #   collect       waits (while the call lasts) for stages started with DETACH=1, printing their
 #                 progress every PROGRESS_S seconds, then copies their packed results to $OUT
 # Runs longer than a session (a machine is lent for at most 30 minutes): give them a fixed budget
@@ -253,6 +259,9 @@ pack_synth() {
 }
 
 mkdir -p out/synth out/demo
+# srope demo's encoding as --set options (its curriculum and weight average are not among them)
+DEMO_ENCODING="--set position.projection=full-rank --set position.conv_size=1 --set position.gate=per-channel"
+DEMO_ENCODING="$DEMO_ENCODING --set position.max_temperature=3.141592653589793 --set position.projection_gain=8.0 --set position.phase_noise=0.1"
 stage() {
   case $1 in
     lm-ablation)
@@ -284,8 +293,7 @@ LIST
       export SROPE_AUTOTUNE=${AUTOTUNE:-first}
       local G="--preset authors --set seeds=${ST_SEEDS:-0} --set eval_size=${ST_EVAL:-16384} --set max_seconds=${ST_SECONDS:-@LEFT@}"
       [ -n "${ST_JOBS:-}" ] && G="$G --jobs $ST_JOBS"
-      local D="--set position.projection=full-rank --set position.conv_size=1 --set position.gate=per-channel"
-      D="$D --set position.max_temperature=3.141592653589793 --set position.projection_gain=8.0 --set position.phase_noise=0.1"
+      local D=$DEMO_ENCODING
       synth_all <<LIST
 st-gla-s2-nope warm state_tracking --position nope $G
 st-gla-s2-rope state_tracking --position rope $G
@@ -334,6 +342,24 @@ LIST
       local A="--set only=${MAD_ONLY:-$base} --jobs ${MAD_JOBS:-2} ${MAD_SET:-}" T=mad${MAD_TAG:-}
       four_variants mad "$A" "$T" | LABEL_DROP=${MAD_TAG:-} synth_all
       pack_synth "$T" "$T-" ;;
+    repeat)
+      export SROPE_AUTOTUNE=${AUTOTUNE:-first}
+      local base="state_tracking --preset authors --position selective_rope $DEMO_ENCODING --set eval_size=256 --set max_steps=300"
+      local repeats=${REPEATS:-"$base --set seeds=0;$base --set seeds=0;$base --set seeds=0,1 --jobs 2;${base/eval_size=256/eval_size=16384} --set seeds=0"}
+      local list i=0 args limit
+      IFS=';' read -ra list <<< "$repeats"
+      rm -rf out/repeat && mkdir -p out/repeat
+      for args in "${list[@]}"; do
+        i=$((i + 1))
+        limit=$(left)
+        [ "$limit" -gt 0 ] || { echo "no time left for repeat $i"; break; }
+        echo "== $(date +%T) repeat $i: $args"
+        # shellcheck disable=SC2086
+        timeout -s INT -k 20 "$limit" python3 -m srope synth $args --no-progress --out "out/repeat/$i" > "out/repeat/$i.log" 2>&1
+        echo "exit $?"
+      done
+      python3 experiments/compare_repeats.py out/repeat/*/results.json | tee out/repeat/compare.txt
+      pack repeat ;;
     *) echo "unknown stage $1"; exit 2 ;;
   esac
 }
