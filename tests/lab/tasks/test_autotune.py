@@ -52,3 +52,32 @@ def test_bad_modes_are_refused(monkeypatch):
         autotune.apply()
     with pytest.raises(ValueError, match="autotune must be one of"):
         autotune.apply("all")
+
+
+def test_first_runs_the_candidate_once_instead_of_timing_it(monkeypatch):
+    """A timed loop would run it as often as fits its window (a number that depends on the GPU's
+    load); the first candidate only has to run. Full mode keeps Triton's own timing."""
+    monkeypatch.delenv(autotune.ENV, raising=False)
+    tuned = triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (16, 64, 32)], key=[])(_kernel)
+    runs = []
+
+    class Launcher:  # stands in for the compiled kernel: 16 is out of resources on this "GPU"
+        def run(self, *args, BLOCK, **kwargs):
+            if BLOCK == 16:
+                raise triton.runtime.errors.OutOfResources(1 << 20, 1 << 16, "shared memory")
+            runs.append(BLOCK)
+
+    monkeypatch.setattr(tuned, "fn", Launcher())
+    tuned.nargs = {}
+    timed_by_triton = []
+    tuned.__dict__["do_bench"] = lambda call, quantiles: timed_by_triton.append(1) or [1.0, 1.0, 1.0]
+    try:
+        autotune.apply("first")
+        tuned.prune_configs({})  # a tuning round begins
+        timings = [tuned._bench(config=c) for c in tuned.configs]
+        assert timings == [[math.inf] * 3, [0.0] * 3, [math.inf] * 3] and runs == [64] and not timed_by_triton
+        assert tuned.do_bench is not autotune.run_once  # the tuner's own benchmarker is back afterwards
+        autotune.apply("full")
+        assert tuned._bench(config=tuned.configs[1]) == [1.0, 1.0, 1.0] and timed_by_triton == [1] and runs == [64]
+    finally:
+        autotune.apply("full")

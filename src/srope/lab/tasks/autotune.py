@@ -42,8 +42,8 @@ def apply(value: str | None = None) -> str:
 
 def first_config_only() -> None:
     """Triton's autotuners take the first candidate (of those their own pruning leaves) that
-    compiles and fits the GPU, instead of timing them all: candidates after it are not run.
-    Choices are not written to Triton's autotune cache, which keeps full tunings only."""
+    compiles and fits the GPU, run once, instead of timing them all: candidates after it are
+    not run. Choices are not written to Triton's autotune cache, which keeps full tunings only."""
     try:
         from triton.runtime import autotuner
     except ImportError:  # no Triton, nothing autotunes
@@ -60,7 +60,16 @@ def first_config_only() -> None:
     def first_that_runs(self, *args, **kwargs):
         if getattr(self, "_srope_found", False):
             return [math.inf] * 3  # never chosen over the one found (Triton's timing for a candidate that fails)
-        timing = bench(self, *args, **kwargs)  # inf for a candidate out of resources or that fails to compile
+        # Run the candidate once instead of timing it: nothing is compared, and a timed loop runs
+        # it as many times as fit in its window, a number that depends on the GPU's load.
+        before = self.__dict__.pop("do_bench", None)  # a cached_property: the instance's copy
+        self.__dict__["do_bench"] = run_once
+        try:
+            timing = bench(self, *args, **kwargs)  # inf for a candidate out of resources or that fails to compile
+        finally:
+            self.__dict__.pop("do_bench", None)
+            if before is not None:
+                self.__dict__["do_bench"] = before
         self._srope_found = all(math.isfinite(t) for t in timing)
         return timing
 
@@ -70,6 +79,12 @@ def first_config_only() -> None:
 
     tuner._srope_first = (prune, bench, tuner.check_disk_cache)
     tuner.prune_configs, tuner._bench, tuner.check_disk_cache = prune_and_restart, first_that_runs, no_disk_cache
+
+
+def run_once(kernel_call, quantiles) -> list[float]:
+    """Stands in for Triton's ``do_bench`` in ``first`` mode: one call, a zero timing per quantile."""
+    kernel_call()
+    return [0.0] * len(quantiles)
 
 
 def every_config() -> None:
