@@ -1,6 +1,5 @@
 """experiments/lm_ablation.py: the order of its steps and the options of its arms (dry run)."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -9,12 +8,6 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "lm_ablation.py"
 
-
-def load():
-    spec = importlib.util.spec_from_file_location("lm_ablation", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_dry_run_orders_sweep_seeds_and_evals(tmp_path):
@@ -33,8 +26,8 @@ def test_dry_run_orders_sweep_seeds_and_evals(tmp_path):
     assert not (tmp_path / "ablation.json").exists()  # a dry run writes nothing
 
 
-def test_arms_and_seeds():
-    module = load()
+def test_arms_and_seeds(experiment):
+    module = experiment("lm_ablation")
     assert module.parse_seeds("1-4") == [1, 2, 3, 4] and module.parse_seeds("0,3-4") == [0, 3, 4]
     assert set(module.ARMS) >= {"nope", "rope", "selective_rope", "srope_baseline", "srope_silu"}
     assert all("model.gate_logit_normalizer=1e6" in module.ARMS[a] for a in module.ARMS if a.endswith("decay_off"))
@@ -46,8 +39,8 @@ def test_unknown_arm_is_an_error(tmp_path):
     assert result.returncode == 2 and "unknown arms ['alibi']" in result.stderr
 
 
-def test_chosen_lr_needs_a_choice(tmp_path):
-    module = load()
+def test_chosen_lr_needs_a_choice(tmp_path, experiment):
+    module = experiment("lm_ablation")
     (tmp_path / "sweep.json").write_text('{"chosen": null}')
     with pytest.raises(RuntimeError, match="chose no learning rate"):
         module.chosen_lr(tmp_path)
@@ -55,8 +48,8 @@ def test_chosen_lr_needs_a_choice(tmp_path):
     assert module.chosen_lr(tmp_path) == 0.002
 
 
-def test_finished_runs_lose_their_checkpoints_unless_kept(tmp_path):
-    module = load()
+def test_finished_runs_lose_their_checkpoints_unless_kept(tmp_path, experiment):
+    module = experiment("lm_ablation")
     runs = [tmp_path / name for name in ("lr_0.001", "seed1")]
     for run in runs:
         (run / "checkpoints" / "step_200").mkdir(parents=True)
@@ -69,8 +62,8 @@ def test_finished_runs_lose_their_checkpoints_unless_kept(tmp_path):
     assert not any((run / "checkpoints").exists() for run in runs) and all((run / "model").is_dir() for run in runs)
 
 
-def test_a_recorded_sweep_is_not_run_again(tmp_path):
-    module = load()
+def test_a_recorded_sweep_is_not_run_again(tmp_path, experiment):
+    module = experiment("lm_ablation")
     assert not module.sweep_done(tmp_path, "1e-3,2e-3")
     runs = [{"lr": 0.001, "status": "ok"}, {"lr": 0.002, "status": "ok"}]
     (tmp_path / "sweep.json").write_text(module.json.dumps({"runs": runs, "chosen": runs[0]}))
