@@ -208,10 +208,10 @@ collect() {
   cp out/gpu/*.tgz* "$R"/ 2>/dev/null; ls -la "$R"
 }
 # The runs in progress as they stand: every synth folder with the newest checkpoint of each run,
-# as partial.tgz (pieces of 15 MiB). Should the machine go back before the next collect (a reply
-# slower than its idle release lost two stages' detached runs in one session), the next session unpacks it
-# (cat partial.tgz* | tar xz -C out), carries out/synth/NAME and runs the same stage: each run
-# resumes from its checkpoint with the budget it began with. SNAPSHOT=0 skips it; a snapshot
+# as partial.tgz (pieces of 15 MiB). Should the machine go back before the next collect (replies
+# slower than its idle release lost two stages' detached runs in one session), the next session
+# unpacks it (cat partial.tgz* | tar xz -C out), carries out/synth/NAME and runs the same stage:
+# each run resumes from its checkpoint with the budget it began with. SNAPSHOT=0 skips it; a snapshot
 # larger than SNAPSHOT_MIB (48: what $OUT and the next call's carry can hold beside the wheels)
 # is dropped with a message (copying's 4-layer d 512 runs: 14.9M parameters, about 170 MiB a
 # checkpoint with AdamW's two moments).
