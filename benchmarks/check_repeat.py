@@ -4,9 +4,10 @@
 end with different weights. This script looks inside one step: it builds the model ``srope
 synth`` builds (seed 0) and one batch of the task, then runs the runner's loss and backward
 ``--repeats`` times on the same weights, and compares every module's forward output and
-every parameter's gradient with the first repeat's, bitwise. The first module (in the order
-the forward pass reaches them) whose output differs, and the parameters whose gradients
-differ, locate the op. A last pass under ``torch.use_deterministic_algorithms(True,
+every parameter's gradient and the gradient reaching every module's output with the first
+repeat's, bitwise. The first module whose output differs (in the forward pass's order), the
+first whose output's gradient differs (in the backward pass's order) and the parameters whose
+gradients differ locate the op. A last pass under ``torch.use_deterministic_algorithms(True,
 warn_only=True)`` lists the ops PyTorch itself knows to be nondeterministic. The JSON also
 holds sha256 digests of the initial weights and of the first repeat's gradients, so that two
 processes (two runs of this script) can be compared.
@@ -69,35 +70,41 @@ def check(task: str, preset: str, overrides: dict, device: torch.device, repeats
     names = {m: n for n, m in model.named_modules()}
     order: list[str] = []
     outputs: dict[str, torch.Tensor] = {}
+    output_grads: dict[str, torch.Tensor] = {}  # the gradient reaching each module's output
 
     def hook(mod, _inputs, output):
         t = first_tensor(output)
         if t is not None:
             order.append(names[mod])
             outputs[names[mod]] = t.detach().clone()
+            if t.requires_grad:
+                t.register_hook(lambda g, name=names[mod]: output_grads.__setitem__(name, g.detach().clone()))
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if m is not model]
     passes = []
     for _ in range(repeats):
-        order.clear(), outputs.clear()
+        order.clear(), outputs.clear(), output_grads.clear()
         model.zero_grad(set_to_none=True)
         torch.manual_seed(1)  # phase noise and dropout draw the same numbers in every repeat
         loss = loss_of(x, y)
         loss.backward()
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-        passes.append((loss.item(), list(order), dict(outputs), grads))
+        passes.append((loss.item(), list(order), dict(outputs), grads, dict(output_grads)))
     for h in handles:
         h.remove()
-    first_loss, first_order, first_out, first_grads = passes[0]
+    first_loss, first_order, first_out, first_grads, first_out_grads = passes[0]
     result = {"batch": list(x.shape), "parameters": sum(p.numel() for p in model.parameters()),
               "init_weights": digest(p for _, p in sorted(model.state_dict().items())),
               "first_grads": digest(g for _, g in sorted(first_grads.items())), "losses": [p[0] for p in passes], "repeats": []}
-    for loss, order_r, out_r, grads_r in passes[1:]:
+    for loss, order_r, out_r, grads_r, out_grads_r in passes[1:]:
         differ = [n for n in order_r if n in first_out and not torch.equal(out_r[n], first_out[n])]
+        # in the order the backward pass reaches them: the last module of the forward first
+        grad_of_output_differs = [n for n in reversed(order_r) if n in first_out_grads and not torch.equal(out_grads_r[n], first_out_grads[n])]
         grad_differ = sorted(n for n in first_grads if not torch.equal(grads_r[n], first_grads[n]))
         result["repeats"].append({"loss_equal": loss == first_loss, "same_module_order": order_r == first_order,
                                   "first_output_that_differs": differ[0] if differ else None, "outputs_that_differ": differ[:20],
-                                  "grads_that_differ": grad_differ,
+                                  "first_output_grad_that_differs": grad_of_output_differs[0] if grad_of_output_differs else None,
+                                  "output_grads_that_differ": grad_of_output_differs[:20], "grads_that_differ": grad_differ,
                                   "largest_grad_difference": max((float((grads_r[n].float() - first_grads[n].float()).abs().max()) for n in grad_differ),
                                                                  default=0.0)})
     with warnings.catch_warnings(record=True) as caught:
