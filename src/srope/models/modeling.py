@@ -18,6 +18,7 @@ from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLin
 from srope.layers.common import RMSNorm
 from srope.models.cache import CACHE_FIELD, SRopeCache
 from srope.models.configuration import SRopeConfig
+from srope.models.embedding import Embedding
 from srope.models.graphed_decode import DecodeGraphs
 from srope.models.inputs import check_extra_kwargs, check_output_flags, packing
 from srope.modules import PositionEncoding, ShortConvolution
@@ -126,7 +127,7 @@ class SRopePreTrainedModel(PreTrainedModel):
 class SRopeModel(SRopePreTrainedModel):
     def __init__(self, config: SRopeConfig):
         super().__init__(config)
-        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.embeddings = Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.layers = nn.ModuleList(SRopeBlock(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mark_self_initialised()
