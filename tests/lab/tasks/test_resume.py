@@ -60,8 +60,9 @@ CASES = {
 @pytest.mark.parametrize("task", list(CASES))
 def test_stopped_and_resumed_equals_uninterrupted(task, tmp_path):
     overrides, factory = CASES[task]
-    overrides = {"threads": 1, "checkpoint_every": 2, "save_weights": "true", **overrides}
+    overrides = {"threads": 1, "checkpoint_every": 2, "save_weights": "true", "loss_every": 2, **overrides}  # curve points across stops
     whole = run_synthetic(task, factory, out=tmp_path / "whole", overrides=overrides, cache_dir=None, progress=False, plot=False)
+    assert all(len(run["loss_curve"]) == run["steps"] // 2 >= 1 for run in whole["runs"])
     out = tmp_path / "cut"
     calls, kept, partial = 0, {}, []
     while True:

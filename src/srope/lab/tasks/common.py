@@ -47,6 +47,10 @@ class TaskConfig(RunConfig):
     the first step past it, the run evaluates once more and records ``stopped: "time"``. The
     schedule is the planned one, so such a run ends before its learning rate has decayed.
 
+    ``loss_every``: the record's ``loss_curve`` holds ``[step, mean training loss of the
+    loss_every steps up to it]`` pairs (None where not finite), which show when a run leaves a
+    plateau between two evaluations; 0 records none.
+
     Checkpoints: the run in progress is saved every ``checkpoint_every`` optimiser steps (and
     at a planned stop), so ``--resume`` continues it exactly; ``save_weights`` keeps every
     finished run's weights (``DIR/runs/NAME/model.safetensors``). Neither changes a number,
@@ -94,6 +98,7 @@ class TaskConfig(RunConfig):
     # synthetic model (copying: 4 layers of 512, 14.9M parameters, with AdamW's moments) is 180 MB.
     checkpoint_every: int = 200
     save_weights: bool = False
+    loss_every: int = 50  # the mean training loss of every this many steps goes into the run's loss_curve (0: none)
     cuda_graph: str = "auto"  # the training step as a CUDA graph on CUDA, else eager; "on": that or an error; "off": eager
     head_at_targets: str = "auto"  # the output head only at the positions that have targets: "auto", "on", "off"
     mixer: str = "gla"
@@ -136,6 +141,8 @@ def check_train_config(cfg: TaskConfig, auto_batch: bool = False) -> None:
         raise ValueError(f"max_seconds must be > 0 or None, got {cfg.max_seconds}")
     if isinstance(cfg.checkpoint_every, bool) or not isinstance(cfg.checkpoint_every, int) or cfg.checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be a positive number of steps, got {cfg.checkpoint_every!r}")
+    if isinstance(cfg.loss_every, bool) or not isinstance(cfg.loss_every, int) or cfg.loss_every < 0:
+        raise ValueError(f"loss_every must be a number of steps >= 0 (0: no loss curve), got {cfg.loss_every!r}")
     for name in ("cuda_graph", "head_at_targets"):
         if getattr(cfg, name) not in ("auto", "on", "off"):
             raise ValueError(f"{name} must be 'auto', 'on' or 'off', got {getattr(cfg, name)!r}")

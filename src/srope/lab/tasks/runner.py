@@ -270,6 +270,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
     since_best, step, stopped, diverged = 0, 0, None, False
     identity = {"task": task, "setting": setting.name, "lr": lr, "weight_decay": weight_decay, "seed": seed}
     first_epoch, seconds_before, resumed, eval_seconds, graph_steps_before = 0, 0.0, None, 0.0, 0
+    curve, window, window_count = [], torch.zeros((), device=device), 0  # the loss curve and the steps since its last point
     run_dir = None if run_dir is None else Path(run_dir)
     if run_dir is not None and (latest := latest_checkpoint(run_dir)) is not None:
         resumed = load_checkpoint(latest, model, optimizer, World(), strict_optimizer=False)
@@ -279,6 +280,8 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         eval_seconds, graph_steps_before = resumed.get("eval_seconds", 0.0), resumed.get("graph_steps", 0)
         history, best, last, since_best = resumed["history"], resumed["best"], resumed["last"], resumed["since_best"]
         lowest = resumed.get("lowest")
+        curve, window_count = resumed.get("loss_curve", []), resumed.get("window_count", 0)
+        window = torch.full((), resumed.get("window_sum", 0.0), device=device)
         # an epoch's order is drawn when it begins; sampled batches are drawn one by one
         shuffle_rng.bit_generator.state = resumed["rng_epoch"] if getattr(stream, "replays_epoch_start", True) else resumed["rng_now"]
 
@@ -287,7 +290,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
             "run": identity, "epoch": epoch, "position": position, "rng_epoch": rng_epoch, "rng_now": shuffle_rng.bit_generator.state,
             "loss_sum": loss_sum, "loss_count": loss_count, "history": history, "best": best, "last": last, "since_best": since_best,
             "lowest": lowest, "seconds": seconds_before + time.perf_counter() - start, "eval_seconds": eval_seconds,
-            "graph_steps": graph_steps(),
+            "graph_steps": graph_steps(), "loss_curve": curve, "window_sum": float(window), "window_count": window_count,
         }  # fmt: skip
         save_checkpoint(run_dir, step, model, optimizer, state, World())
 
@@ -319,12 +322,19 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
                 yield step, *batch
 
         def after(_: int, loss: torch.Tensor) -> str | None:
-            nonlocal loss_sum, loss_count, step, position
+            nonlocal loss_sum, loss_count, step, position, window, window_count
             loss_sum += loss
             loss_count += 1
+            window += loss
+            window_count += 1
             step += 1
             position += 1
             bar.update(1)
+            if cfg.loss_every and step % cfg.loss_every == 0:
+                mean = float(window) / window_count
+                curve.append([step, mean if math.isfinite(mean) else None])
+                window.zero_()
+                window_count = 0
             if step % 50 == 0:  # synchronise with the device only now and then
                 mean_loss = float(loss_sum) / loss_count
                 if not math.isfinite(mean_loss):
@@ -400,6 +410,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         "graph_steps": graph_steps(),
         "parameters": sum(p.numel() for p in model.parameters()), "weights_sha256": weights_digest(model),
         "seconds": round(seconds_before + time.perf_counter() - start, 3), "eval_seconds": round(eval_seconds, 3), "history": history,
+        **({"loss_curve": curve} if cfg.loss_every else {}),
     }
     if run_dir is not None and cfg.save_weights:
         from safetensors.torch import save_model
