@@ -199,7 +199,8 @@ def test_max_seconds_ends_a_run_with_an_evaluation():
 def test_loss_curve_holds_the_mean_loss_of_every_window(tmp_path):
     overrides = {**SMOKE["state_tracking"], "seeds": "0", "epochs": 3, "model.hidden_size": 8, "threads": 1}  # 2 steps an epoch
     per_step = run_synthetic("state_tracking", gru_factory, out=tmp_path / "a", overrides={**overrides, "loss_every": 1}, cache_dir=None,
-                             progress=False, plot=False)["runs"][0]
+                             progress=False)["runs"][0]
+    assert (tmp_path / "a" / "loss.png").stat().st_size > 1000
     assert [step for step, _ in per_step["loss_curve"]] == list(range(1, 7))
     for epoch in per_step["history"]:  # an epoch's mean loss is the mean of its steps' losses
         losses = [loss for step, loss in per_step["loss_curve"] if epoch["step"] - 2 < step <= epoch["step"]]
@@ -209,7 +210,8 @@ def test_loss_curve_holds_the_mean_loss_of_every_window(tmp_path):
     assert [step for step, _ in windows["loss_curve"]] == [4]  # across an epoch's end; steps 5-6 make no full window
     assert windows["loss_curve"][0][1] == pytest.approx(sum(loss for _, loss in per_step["loss_curve"][:4]) / 4, rel=1e-6)
     none = run_synthetic("state_tracking", gru_factory, out=tmp_path / "c", overrides={**overrides, "loss_every": 0}, cache_dir=None,
-                         progress=False, plot=False)["runs"][0]
+                         progress=False)["runs"][0]
+    assert not (tmp_path / "c" / "loss.png").exists()
     assert "loss_curve" not in none and none["weights_sha256"] == per_step["weights_sha256"]  # recording changes no number
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="loss_every"):

@@ -178,6 +178,31 @@ def report(dirs: Iterable[Path | str]) -> str:
 # Plots
 
 
+def plot_loss_curves(results: dict, path: Path | str) -> Path | None:
+    """One PNG of every run's ``loss_curve`` (training loss against step), or None when no
+    run recorded one: when each run left its plateau, which one evaluation per epoch hides."""
+    runs = [run for run in results.get("runs", []) if run.get("loss_curve")]
+    if not runs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        points = [(step, loss) for step, loss in run["loss_curve"] if loss is not None]  # None: not finite
+        ax.plot([step for step, _ in points], [loss for _, loss in points], linewidth=1, label=f"{run['setting']} lr {run['lr']:g} wd {run['weight_decay']:g} seed {run['seed']}")
+    every = runs[0]["loss_curve"][0][0]
+    ax.set(xlabel="step", ylabel=f"training loss (mean of {every} steps)", title=f"{results['task']}: {results['label']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_results(results: dict, path: Path | str) -> Path:
     """One PNG for a result folder: per-length curves (state tracking, copying), accuracy vs
     model dimension (MQAR) or the per-task scores (MAD)."""

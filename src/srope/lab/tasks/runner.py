@@ -68,6 +68,7 @@ from srope.lab.train.distributed import World
 TASKS = {"mqar": mqar, "mad": mad, "copying": copying, "state_tracking": state_tracking}
 ModelFactory = Callable[[ModelRequest], nn.Module]
 RESULTS_FILE, PLOT_FILE, RUNS_DIR, WEIGHTS_FILE = "results.json", "results.png", "runs", "model.safetensors"
+LOSS_PLOT_FILE = "loss.png"
 # A run in progress: its evaluations so far, beside (not in) its checkpoints, so that output packed
 # without the checkpoints still shows where a run cut off by a timeout or a lost machine had got to.
 EVALUATIONS_FILE = "evaluations.json"
@@ -669,9 +670,10 @@ def _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress,
     write()
     _remove_if_empty(out / RUNS_DIR)
     if plot:
-        from srope.lab.tasks.report import plot_results
+        from srope.lab.tasks.report import plot_loss_curves, plot_results
 
         plot_results(results, out / PLOT_FILE)
+        plot_loss_curves(results, out / LOSS_PLOT_FILE)
     return results
 
 
