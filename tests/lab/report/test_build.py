@@ -204,6 +204,24 @@ def test_a_time_limited_run_counts_the_steps_it_trained_and_says_so(tmp_path):
     assert "runs ended by a time limit before their planned steps" in text
 
 
+def test_a_schedule_planned_over_max_steps_is_named_in_the_row(tmp_path):
+    """max_steps plans a decaying schedule over the cap (a time limit does not): the row says so."""
+    from srope.lab.report.write import write_report
+
+    from .conftest import _write, head, run, synth
+
+    cfg = {"group": "S2", "train_len": 128, "eval_len": 512, "train_size": 2_000_000, "eval_size": 500_000, "epochs": 100, "batch_size": 1024,
+           "lrs": [5e-4], "max_steps": 300, "schedule": "cosine", "mixer": "gla", "model": {"hidden_size": 384, "num_hidden_layers": 1}}
+    settings = [{"name": "S2", "params": {}, "max_len": 129}]
+    _write(tmp_path / "st-short/results.json", synth("state_tracking", "selective_rope", [run("S2", 0, 1.0, planned=300)], cfg, settings, head()))
+    _write(tmp_path / "st-const/results.json",
+           synth("state_tracking", "nope", [run("S2", 0, 0.0, planned=300)], {**cfg, "schedule": "constant"}, settings, head()))
+    write_report([tmp_path], tmp_path / "report")
+    lines = (tmp_path / "report" / "state_tracking.md").read_text().splitlines()
+    assert "(cosine schedule over 300 steps (max_steps))" in next(line for line in lines if line.startswith("| gla/selective_rope ("))
+    assert "max_steps" not in next(line for line in lines if line.startswith("| gla/nope"))  # a constant rate is the same capped or not
+
+
 def test_time_limited_runs_of_a_row_are_one_note(tmp_path):
     """Several seeds of a variant, two of three ended by a time limit: one note with their count
     and range of steps, not one note per run."""
@@ -232,8 +250,8 @@ def test_the_state_tracking_preset_eval_size_is_the_one_the_report_names():
 def test_runs_that_differ_only_in_their_time_limit_or_step_implementation_share_one_protocol(tmp_path):
     """max_seconds is a wall-clock cap, not protocol: runs that trained all their steps under
     different caps are compared in one table (a run the cap stopped says so in its row). So
-    are the step's implementation choices (cuda_graph, head_at_targets: the same loss), also
-    for a record written before they existed."""
+    are the step's implementation choices (cuda_graph, head_at_targets: the same loss) and what
+    a run records (loss_every), also for a record written before they existed."""
     from srope.lab.report.write import write_report
 
     from .conftest import _write, copying_runs, head, synth
@@ -241,7 +259,7 @@ def test_runs_that_differ_only_in_their_time_limit_or_step_implementation_share_
     base = {"steps": 1000, "batch_size": 256, "min_len": 2, "max_len": 64, "eval_lengths": "2-512:30",
             "model": {"hidden_size": 512, "num_hidden_layers": 4, "num_heads": 16}}
     settings = [{"name": "copy", "params": {}, "max_len": 420}]
-    steps = ({}, {"cuda_graph": "off", "head_at_targets": False}, {"cuda_graph": "auto", "head_at_targets": True})
+    steps = ({}, {"cuda_graph": "off", "head_at_targets": False, "loss_every": 0}, {"cuda_graph": "auto", "head_at_targets": True, "loss_every": 50})
     for (position, limit, accs), step in zip((("nope", 437.0, (0.05,)), ("rope", 889.0, (0.0,)), ("selective_rope", 889.0, (0.8,))), steps):
         cfg = {**base, "max_seconds": limit, **step}
         _write(tmp_path / f"copy-{position}/results.json", synth("copying", position, copying_runs(accs), cfg, settings, head()))

@@ -285,7 +285,8 @@ def paper_cell(exp: paper.Experiment | None, row_name: str | None, column: str, 
 
 def _label_cell(row: Row) -> str:
     marks = ("†" if row.stale else "") + ("‡" if row.unknown else "")
-    shown = [n for n in row.notes if n in ("incomplete", "diverged") or n.startswith("eval set")] + ([row.time_limit] if row.time_limit else [])
+    shown = [n for n in row.notes if n in ("incomplete", "diverged") or n.startswith("eval set") or "(max_steps)" in n]
+    shown += [row.time_limit] if row.time_limit else []
     extra = f" ({', '.join(shown)})" if shown else ""
     return row.label + marks + extra
 

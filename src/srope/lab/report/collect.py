@@ -47,8 +47,9 @@ SIZE_KEYS = {"num_hidden_layers", "hidden_size", "num_heads", "head_dim", "expan
 # Config entries that do not change what a run measures (or that the report pools over). A
 # wall-clock limit is not protocol either: a run it stopped says so in its row and budget; nor
 # are cuda_graph and head_at_targets, which compute the same loss and update.
+DECAYING_SCHEDULES = ("cosine", "cosine_epoch", "linear_warmup")  # planned over a run's steps (srope.lab.schedule)
 _NOT_PROTOCOL = {"seeds", "threads", "position_type", "position", "tasks", "only", "lrs", "weight_decays", "eval_batch_size",
-                 "max_seconds", "checkpoint_every", "save_weights", "cuda_graph", "head_at_targets"}
+                 "max_seconds", "checkpoint_every", "save_weights", "cuda_graph", "head_at_targets", "loss_every"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -376,6 +377,11 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
                 seed_notes.append("diverged")
             if record.get("stopped") == "time":
                 time_limited.append((record["steps"], record["planned_steps"]))
+            capped = cfg.get("max_steps")
+            if capped is not None and record.get("planned_steps") == capped and cfg.get("schedule") in DECAYING_SCHEDULES:
+                # the schedule decays over the cap, unlike a time-limited run's: say which it was
+                note = f"{cfg['schedule']} schedule over {capped:,} steps (max_steps)"
+                seed_notes += [note] if note not in seed_notes else []
         if task == "state_tracking" and cfg.get("eval_size") not in (None, ST_PRESET_EVAL_SIZE):
             seed_notes.append(f"eval set {cfg['eval_size']:,} sequences, not {ST_PRESET_EVAL_SIZE:,}")
         if task == "mad":
