@@ -192,7 +192,8 @@ def plot_loss_curves(results: dict, path: Path | str) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
         points = [(step, loss) for step, loss in run["loss_curve"] if loss is not None]  # None: not finite
-        ax.plot([step for step, _ in points], [loss for _, loss in points], linewidth=1, label=f"{run['setting']} lr {run['lr']:g} wd {run['weight_decay']:g} seed {run['seed']}")
+        label = f"{run['setting']} lr {run['lr']:g} wd {run['weight_decay']:g} seed {run['seed']}"
+        ax.plot([step for step, _ in points], [loss for _, loss in points], linewidth=1, label=label)
     every = runs[0]["loss_curve"][0][0]
     ax.set(xlabel="step", ylabel=f"training loss (mean of {every} steps)", title=f"{results['task']}: {results['label']}")
     ax.legend(fontsize=7)
