@@ -65,6 +65,8 @@ def test_cuda_weight_gradient_repeats_bitwise():
         embedding(ids).backward(grad)
         grads.append(embedding.weight.grad.clone())
     assert all(torch.equal(g, grads[0]) for g in grads[1:])
-    plain = F.embedding(ids, embedding.weight)
-    (reference,) = torch.autograd.grad(plain, embedding.weight, grad)
-    torch.testing.assert_close(grads[0], reference, rtol=1e-5, atol=1e-4)
+    weight64 = embedding.weight.detach().double().requires_grad_()
+    (reference,) = torch.autograd.grad(F.embedding(ids, weight64), weight64, grad.double())
+    # each row sums ~33,000 float32 terms (sums ~150): float32 summation in any order is off
+    # by ~3e-3 (the CPU's sequential sum: 2.95e-3); a lost or misplaced term is off by ~1
+    torch.testing.assert_close(grads[0].double(), reference, rtol=0, atol=2e-2)
