@@ -85,6 +85,11 @@ def last_change(paths: tuple[str, ...] = MODEL_CODE) -> str | None:
     return _git("log", "-1", "--format=%H", "--", *paths) if (ROOT / ".git").exists() else None
 
 
+def subject(commit: str) -> str | None:
+    """The first line of ``commit``'s message (None outside a checkout)."""
+    return _git("log", "-1", "--format=%s", commit) if (ROOT / ".git").exists() else None
+
+
 def is_stale(result_commit: str | None, paths: tuple[str, ...] = MODEL_CODE) -> bool | None:
     """True when ``paths`` changed after ``result_commit`` (or it is unknown), False when
     the result's code is current, None when this is not a checkout (cannot tell)."""

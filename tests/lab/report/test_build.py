@@ -89,6 +89,9 @@ def test_a_result_without_provenance_is_marked_unknown(written):
     assert "unknown‡" in _row(lm, "RoPE‡").split("|")[-2]  # its run.json has no provenance
     index = (written["out"] / "index.md").read_text()
     assert "| stale† | unknown‡ |" in index
+    newest = provenance.last_change()
+    if newest is not None:  # what changed, so that a reader can judge a stale result
+        assert f'last changed in {newest[:7]} ("{provenance.subject(newest)}")' in index
 
 
 def test_mad_cells_hold_ours_and_table_1(written):

@@ -854,11 +854,13 @@ def index_markdown(pages: list[Page], collected: Collected, dirs: list[Path]) ->
 
     head, dirty = provenance.commit()
     newest = provenance.last_change()
+    # the reader judges from what changed whether a stale result is still worth reading
+    change = f"{newest[:7]} (\"{provenance.subject(newest)}\")" if newest else "unknown"
     lines = [
         "# srope report: the paper's numbers beside ours",
         "",
         f"Written {time.strftime('%Y-%m-%d %H:%M %Z')} at commit {head[:7] if head else 'unknown'}{' (uncommitted changes)' if dirty else ''} "
-        f"from {', '.join(f'`{d}`' for d in dirs)}. The model/op code last changed in {newest[:7] if newest else 'unknown'}; "
+        f"from {', '.join(f'`{d}`' for d in dirs)}. The model/op code last changed in {change}; "
         "results from older commits are marked stale (†), results without a commit unknown (‡).",
         "",
         "The paper's values come from one checked-in table, `srope.lab.report.paper` (v3 unless marked; every entry names its figure or table).",
