@@ -21,7 +21,7 @@
 #                 left of the call; detached (below), two at once reach about 10,000 steps each
 #                 in a session on an H100 (14.5 steps/s together, evaluation 14 s):
 #                 DETACH=1 CALL_S=1600 SYNTH_ONLY='st-gla-s2-(nope|srope)' bash experiments/gpu.sh st-gla
-#                 Memory: a run holds 5.5-17.8 GB (most while evaluating); twelve at once ran out of an
+#                 Memory: a run held 5.5-17.8 GB (out-of-memory messages); twelve at once ran out of an
 #                 H100's 80 GB, six (three arms, ST_JOBS=2) used 50-65 GB and one of them ran out
 #   copying       Fig. 5 at the authors' protocol: NoPE, RoPE, Selective RoPE and Selective
 #                 RoPE + gate + bias for COPY_SEEDS (default 0), each trained for at most what is
