@@ -44,7 +44,7 @@ def test_stale_when_the_model_code_changed_after_the_result():
         pytest.skip("the model code's last change is the first commit")
     assert provenance.is_stale(before) is True
     assert provenance.is_stale(None) is True and provenance.is_stale("0" * 40) is True
-    assert provenance.subject(newest) == _git("log", "-1", "--format=%s", newest)
+    assert provenance.subject(newest) == _git("log", "-1", "--format=%B", newest).splitlines()[0] != ""  # the message's first line
 
 
 def test_a_run_records_the_commit_it_started_with(monkeypatch):
