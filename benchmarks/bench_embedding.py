@@ -27,10 +27,10 @@ from srope.models.embedding import Embedding
 
 SHAPES = {  # name: (vocabulary, width, batch, length)
     "gla-370m": (32_000, 1024, 8, 4096),
-    "st-gla-s2": (6, 384, 1024, 129),
+    "st-gla-s2": (4, 384, 1024, 129),  # S2: two group elements, BOS and PAD
     "mqar-512": (8_192, 256, 128, 512),
 }
-DRY = {"gla-370m": (64, 16, 2, 32), "st-gla-s2": (6, 8, 4, 9), "mqar-512": (32, 8, 2, 16)}
+DRY = {"gla-370m": (64, 16, 2, 32), "st-gla-s2": (4, 8, 4, 9), "mqar-512": (32, 8, 2, 16)}
 
 
 def copy_rate(device: str) -> float | None:
