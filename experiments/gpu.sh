@@ -301,16 +301,19 @@ LIST
       # (ST_SEEDS=1,2 ST_JOBS=2 SYNTH_ONLY=st-gla-s2-srope-demo-encoding: two seeds, one folder);
       # ST_SET adds --set options: ST_SET="--set max_steps=2000" plans the cosine over 2,000 steps
       # instead of the protocol's 195,400, of which a time-limited run sees the peak rate only;
-      # ST_TAG names such runs apart (st-gla-s2$ST_TAG-nope ..., their own rows in the report)
+      # ST_TAG names such runs apart (st-gla-s2$ST_TAG-nope ..., their own rows in the report);
+      # ST_PART adds seeds to an arm that has its folder already (ST_PART=-seed2 ST_SEEDS=2: the
+      # folder st-gla-s2$ST_TAG-srope-seed2, the row of st-gla-s2$ST_TAG-srope in the report)
       export SROPE_AUTOTUNE=${AUTOTUNE:-first}
       local G="--preset authors --set seeds=${ST_SEEDS:-0} --set eval_size=${ST_EVAL:-16384} --set max_seconds=${ST_SECONDS:-@LEFT@} ${ST_SET:-}"
       [ -n "${ST_JOBS:-}" ] && G="$G --jobs $ST_JOBS"
       local D=$DEMO_ENCODING
-      synth_all <<LIST
-st-gla-s2${ST_TAG:-}-nope warm state_tracking --position nope $G
-st-gla-s2${ST_TAG:-}-rope state_tracking --position rope $G
-st-gla-s2${ST_TAG:-}-srope state_tracking --position selective_rope $G
-st-gla-s2${ST_TAG:-}-srope-demo-encoding state_tracking --position selective_rope $G $D
+      local T=st-gla-s2${ST_TAG:-} P=${ST_PART:-}
+      LABEL_DROP=$P synth_all <<LIST
+$T-nope$P warm state_tracking --position nope $G
+$T-rope$P state_tracking --position rope $G
+$T-srope$P state_tracking --position selective_rope $G
+$T-srope-demo-encoding$P state_tracking --position selective_rope $G $D
 LIST
       pack_synth st-gla st-gla- ;;
     copying)
