@@ -43,7 +43,7 @@ def copy_rate(device: str) -> float | None:
     return 2 * src.numel() * src.element_size() / (ms * 1e-3)
 
 
-def measure(name: str, shape: tuple[int, int, int, int], args, rate: float | None) -> dict:
+def measure(shape: tuple[int, int, int, int], args, rate: float | None) -> dict:
     vocab, width, batch, length = shape
     device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
     gen = torch.Generator(device=device).manual_seed(0)
@@ -96,7 +96,7 @@ def main() -> int:
     rate = copy_rate("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
     rows = {}
     for name in names:
-        rows[name] = measure(name, table[name], args, rate)
+        rows[name] = measure(table[name], args, rate)
         r = rows[name]
         print(f"{name}: nn.Embedding {r['nn.Embedding']['eager_ms']:.3f} ms, srope {r['srope Embedding']['eager_ms']:.3f} ms eager"
               + (f"; graph {r['nn.Embedding']['graph_ms']:.3f} / {r['srope Embedding']['graph_ms']:.3f} ms" if "graph_ms" in r["nn.Embedding"] else "")
