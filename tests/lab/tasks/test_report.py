@@ -68,3 +68,20 @@ def test_a_state_tracking_row_shows_its_last_evaluation_beside_the_best(tmp_path
     folder = _folder(tmp_path, "st", _summarised(synth("state_tracking", "selective_rope", runs, cfg, settings, None)))
     row = next(line for line in task_report.report([folder]).splitlines() if line.startswith("| gla/selective_rope"))
     assert "| 100.0 | 50.0 |" in row and "| 30.0 / 0.0 |" in row
+
+
+def test_the_loss_plot_gives_each_of_many_runs_its_own_colour(tmp_path, monkeypatch):
+    """Past ten runs the default colour cycle repeats, and the legend tells runs apart by colour."""
+    import matplotlib.axes
+
+    colours, plot = [], matplotlib.axes.Axes.plot
+
+    def recording(self, *args, **kwargs):
+        colours.append(kwargs.get("color"))
+        return plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording)
+    runs = [{"setting": "S2", "lr": 5e-4, "weight_decay": 0.0, "seed": seed, "loss_curve": [[50, 0.7], [100, 0.5 - seed / 100]]}
+            for seed in range(12)]
+    path = task_report.plot_loss_curves({"task": "state_tracking", "label": "S2", "runs": runs}, tmp_path / "loss.png")
+    assert path.is_file() and len(colours) == 12 and len(set(colours)) == 12

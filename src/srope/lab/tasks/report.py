@@ -190,10 +190,13 @@ def plot_loss_curves(results: dict, path: Path | str) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for run in runs:
+    # the default cycle repeats its colours after ten runs, and the legend tells runs apart by colour only
+    colors = plt.get_cmap("tab20" if len(runs) > 10 else "tab10").colors
+    for index, run in enumerate(runs):
         points = [(step, loss) for step, loss in run["loss_curve"] if loss is not None]  # None: not finite
         label = f"{run['setting']} lr {run['lr']:g} wd {run['weight_decay']:g} seed {run['seed']}"
-        ax.plot([step for step, _ in points], [loss for _, loss in points], linewidth=1, label=label)
+        ax.plot([step for step, _ in points], [loss for _, loss in points], linewidth=1, label=label,
+                color=colors[index % len(colors)])
     every = runs[0]["loss_curve"][0][0]
     ax.set(xlabel="step", ylabel=f"training loss (mean of {every} steps)", title=f"{results['task']}: {results['label']}")
     ax.legend(fontsize=7)
