@@ -14,8 +14,9 @@
 #   demo          srope demo on the machine's CPU cores for DEMO_SEEDS (groups of seeds run
 #                 at once, e.g. "1010-1012 1013-1015"), into out/demo/GROUP
 #   state-tracking  Fig. 7's Transformer S2 (3 encodings) and DeltaNet A3 (NoPE, Selective RoPE)
-#                 panels, all at once, each trained for what is left of the call (max_seconds)
-#                 and then evaluated; eval_size ST_EVAL (16384) instead of the preset's 500,000
+#                 panels, all at once (SYNTH_ONLY picks), each trained for what is left of the call
+#                 (max_seconds) and then evaluated; eval_size ST_EVAL (16384) instead of the
+#                 preset's 500,000; seeds, jobs, a shorter schedule and tags as for st-gla
 #   st-gla        Fig. 7's GLA S2 panel at the authors' recipe: NoPE, RoPE, Selective RoPE as they
 #                 ran it and with srope demo's encoding (the recipe's regularisers), for what is
 #                 left of the call; detached (below), two at once reach about 10,000 steps each
@@ -84,6 +85,10 @@
 # collect the moment the last returns (a gap of minutes lost three runs at 37-47% of their steps;
 # a reply slower than 30 s has lost a call's worth). A collect that ends with runs in progress
 # leaves a snapshot of them in $OUT (partial.tgz, see snapshot) to resume from in a later session.
+# Stages that need different settings run in turn from one script started the same way (setsid
+# nohup bash chain.sh > out/gpu/detached-chain.log &, its pid in out/gpu/detached-chain.pid, so
+# that collect waits for it), each gpu.sh given what is left (CALL_S=$((END - $(date +%s))))
+# and its own OUT folder where two run at once; the state-tracking report's eighth round shows one.
 set -u
 if [ -n "${DETACH:-}" ] && [ -n "${OUT:-}" ]; then
   mkdir -p out/gpu
@@ -282,13 +287,19 @@ stage() {
     demo) demo; pack demo ;;
     collect) collect ;;
     state-tracking)
-      local ST="--set eval_size=${ST_EVAL:-16384} --set max_seconds=${ST_SECONDS:-@LEFT@}"
-      synth_all <<LIST
-st-attention-s2-nope warm state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position nope --set seeds=555 $ST
-st-attention-s2-rope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position rope --set seeds=555 $ST
-st-attention-s2-srope state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1 --position selective_rope --set seeds=555 $ST
-st-deltanet-a3-nope warm state_tracking --preset paper_a3 --position nope --set seeds=555 $ST
-st-deltanet-a3-srope state_tracking --preset paper_a3 --position selective_rope --set seeds=555 $ST
+      # ST_SEEDS (555; Table 6's are 555,666,777,888,999), ST_JOBS, ST_SET, ST_TAG and ST_PART as
+      # for st-gla below: ST_SET="--set max_steps=1000" ST_TAG=-1k plans the cosine over 1,000
+      # steps instead of the protocol's 48,900, in folders of their own
+      local ST="--set seeds=${ST_SEEDS:-555} --set eval_size=${ST_EVAL:-16384} --set max_seconds=${ST_SECONDS:-@LEFT@} ${ST_SET:-}"
+      [ -n "${ST_JOBS:-}" ] && ST="$ST --jobs $ST_JOBS"
+      local A="state_tracking --preset paper --mixer attention --set model.num_hidden_layers=1"
+      local S=st-attention-s2${ST_TAG:-} D=st-deltanet-a3${ST_TAG:-} P=${ST_PART:-}
+      LABEL_DROP=$P synth_all <<LIST
+$S-nope$P warm $A --position nope $ST
+$S-rope$P $A --position rope $ST
+$S-srope$P $A --position selective_rope $ST
+$D-nope$P warm state_tracking --preset paper_a3 --position nope $ST
+$D-srope$P state_tracking --preset paper_a3 --position selective_rope $ST
 LIST
       pack_synth state-tracking st- ;;
     st-gla)
@@ -401,4 +412,4 @@ for name in ${BACKGROUND:-}; do
 done
 for name in "$@"; do stage "$name"; done
 [ ${#background[@]} -gt 0 ] && wait "${background[@]}" && cat out/stage-*.log
-[ -n "${OUT:-}" ] && [ -f .tcache/pack.sh ] && bash .tcache/pack.sh
+if [ -n "${OUT:-}" ] && [ -f .tcache/pack.sh ]; then bash .tcache/pack.sh; fi  # if, not &&: no pack.sh is no failure of the call
