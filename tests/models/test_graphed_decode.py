@@ -21,3 +21,26 @@ def test_copy_all_writes_every_state_tensor_of_every_dtype():
 def test_copy_all_refuses_lists_of_different_lengths():
     with pytest.raises(ValueError):
         _copy_all([torch.zeros(1)], [torch.zeros(1), torch.zeros(1)])
+
+
+def test_a_model_is_freed_when_its_last_reference_goes():
+    """The model owns its DecodeGraphs, which refers back to it weakly: a strong reference
+    would make a cycle, and a deleted model would keep its (device) memory until the garbage
+    collector ran. Copies and pickles get graphs of their own model."""
+    import copy
+    import gc
+    import pickle
+    import weakref
+
+    from tests.models.test_models import tiny_model
+
+    model = tiny_model("gla", "selective_rope")
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert clone._decode_graphs.model is clone and model._decode_graphs.model is model
+    gc.disable()
+    try:
+        ref = weakref.ref(model)
+        del model, clone
+        assert ref() is None
+    finally:
+        gc.enable()

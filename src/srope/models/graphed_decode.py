@@ -16,6 +16,8 @@ batch size, autocast dtype and state layout.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from srope.models.cache import CACHE_FIELD, SRopeCache
@@ -54,14 +56,23 @@ class DecodeGraphs:
     """The captured decoding steps of one model, by batch size, autocast dtype and state layout."""
 
     def __init__(self, model):
-        self.model = model
+        # the model holds this object: a strong reference back would be a cycle, and a model
+        # deleted by its user would keep its device memory until the garbage collector ran
+        self._model = weakref.ref(model)
         self.graphs: dict[tuple, _DecodeGraph] = {}
+
+    @property
+    def model(self):
+        return self._model()
 
     def __deepcopy__(self, memo) -> "DecodeGraphs":  # a copied model captures its own graphs
         return DecodeGraphs(memo.get(id(self.model), self.model))
 
     def __getstate__(self) -> dict:  # graphs are not picklable and not worth keeping
-        return {"model": self.model, "graphs": {}}
+        return {"model": self.model}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model"])
 
     def applies(self, input_ids, cache, *, attention_mask, inputs_embeds, labels, cu_seqlens, use_cache) -> bool:
         model = self.model
@@ -89,7 +100,7 @@ class DecodeGraphs:
 
 class _DecodeGraph:
     def __init__(self, model, cache, batch: int, dtype):
-        self.model, self.dtype = model, dtype
+        self.dtype = dtype  # the model only captures: a reference kept here would be a cycle (DecodeGraphs)
         self.layers = [state.map(torch.clone) for state in cache.layers]
         self.static = _tensors(self.layers)
         self.token = torch.zeros((batch, 1), dtype=torch.long, device="cuda")
@@ -101,19 +112,19 @@ class _DecodeGraph:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # autotuning and lazy initialisation happen outside the capture
             for _ in range(2):
-                self._run()
+                self._run(model)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.logits = self._run()
+            self.logits = self._run(model)
         for static, value in zip(self.static, snapshot):  # the warm-up advanced the state
             static.copy_(value)
 
-    def _run(self) -> torch.Tensor:
+    def _run(self, model) -> torch.Tensor:
         self.work.layers = list(self.layers)
         with torch.autocast("cuda", dtype=self.dtype or torch.bfloat16, enabled=self.dtype is not None, cache_enabled=False):
-            out = self.model.model(self.token, cache=self.work, use_cache=True)
-            logits = self.model.lm_head(out.last_hidden_state)
+            out = model.model(self.token, cache=self.work, use_cache=True)
+            logits = model.lm_head(out.last_hidden_state)
         new = _tensors(getattr(out, CACHE_FIELD).layers)
         if [(t.shape, t.dtype) for t in new] != [(t.shape, t.dtype) for t in self.static]:
             raise RuntimeError("the decoding state changed its layout; only fixed-size (recurrent) states can be replayed")

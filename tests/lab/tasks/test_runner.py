@@ -460,3 +460,28 @@ def test_the_head_at_targets_only_gives_the_same_training(tmp_path):
     assert auto["config"]["head_at_targets"] == "auto" and not auto["runs"][0]["head_at_targets"]
     with pytest.raises(ValueError, match="head_at_targets must be 'auto', 'on' or 'off', got 'true'"):
         run_synthetic("mqar", gru_factory, out=tmp_path / "bad", overrides={**gru, "head_at_targets": "true"}, cache_dir=None, progress=False, plot=False)
+
+
+def test_a_finished_run_is_freed_before_the_next_one_starts(tmp_path):
+    """A sweep's runs follow each other in one process: a model held only by a reference
+    cycle (and with it, on CUDA, the run's captured step and its memory pool) must be gone
+    when the next run builds its model, whenever the garbage collector would have run."""
+    import gc
+    import weakref
+
+    built, alive_at_build = [], []
+
+    def cyclic_factory(request):
+        alive_at_build.append([ref() is not None for ref in built])
+        model = gru_factory(request)
+        model.__dict__["_cycle"] = [model]  # as the frames torch.fx.wrap leaves behind hold a first-built model
+        built.append(weakref.ref(model))
+        return model
+
+    gc.disable()
+    try:
+        run_synthetic("state_tracking", cyclic_factory, out=tmp_path, overrides={**SMOKE["state_tracking"], "seeds": "0,1,2", "model.hidden_size": 8},
+                      cache_dir=None, progress=False, plot=False)
+    finally:
+        gc.enable()
+    assert alive_at_build == [[], [False], [False, False]]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import hashlib
 import json
 import math
@@ -586,8 +587,24 @@ def run_one(spec: RunSpec, model_factory: ModelFactory, device: torch.device, co
     if prepared is None:
         prepared_by_setting.clear()
         prepared = prepared_by_setting[spec.setting.name] = get_task(spec.task).prepare(spec.cfg, spec.setting, spec.cache)
-    return train_run(spec.task, spec.cfg, spec.setting, prepared, model_factory, lr=spec.lr, weight_decay=spec.weight_decay, seed=spec.seed,
-                     device=device, progress=progress, run_dir=spec.run_dir, control=control)
+    try:
+        return train_run(spec.task, spec.cfg, spec.setting, prepared, model_factory, lr=spec.lr, weight_decay=spec.weight_decay, seed=spec.seed,
+                         device=device, progress=progress, run_dir=spec.run_dir, control=control)
+    finally:
+        _release_run_memory(device)
+
+
+def _release_run_memory(device: torch.device) -> None:
+    """Free a finished run's model, optimiser and CUDA graph before the next run starts.
+
+    A model caught in a reference cycle (torch.fx.wrap leaves one through the frames of a
+    first import) lives until the garbage collector's rare full pass, and with it the
+    run's captured step and its memory pool: the next seed of a sweep then found the GPU
+    full, could not capture its step and trained eagerly, or ran out of memory. The cached
+    blocks go back to the device too, for the other processes that share it."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 @contextlib.contextmanager
