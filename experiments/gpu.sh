@@ -17,10 +17,11 @@
 #                 panels, all at once (SYNTH_ONLY picks), each trained for what is left of the call
 #                 (max_seconds) and then evaluated; eval_size ST_EVAL (16384) instead of the
 #                 preset's 500,000; seeds, jobs, a shorter schedule and tags as for st-gla.
-#                 Memory: a Transformer S2 run held 4-16 GB, a DeltaNet A3 run 29-46 GB (most of
-#                 it the captured step's pool): an H100 fits three of the first or two of the
-#                 second at once (nine, and four, ran out of memory); about 400 s per 1,000 steps
-#                 each, three Transformer runs at once, 290 s for one A3 run alone
+#                 Memory: a Transformer S2 run held 4-16 GB, a DeltaNet A3 run 29-46 GB (29 GB
+#                 the captured step's pool, the rest the epoch's last batch and evaluation, now
+#                 given back after each evaluation): three Transformer runs fit an H100 at once,
+#                 nine did not; of two A3 runs one ran out of memory at step 489. About 400 s per
+#                 1,000 steps each, three Transformer runs at once; 290 s for one A3 run alone
 #   st-gla        Fig. 7's GLA S2 panel at the authors' recipe: NoPE, RoPE, Selective RoPE as they
 #                 ran it and with srope demo's encoding (the recipe's regularisers), for what is
 #                 left of the call; detached (below), two at once reach about 10,000 steps each

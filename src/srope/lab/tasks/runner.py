@@ -367,6 +367,11 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         began = time.perf_counter()
         last = {**prepared.evaluate(predict), "step": step}
         eval_seconds += time.perf_counter() - began
+        if device.type == "cuda":
+            # the blocks of the evaluation and of the epoch's last, smaller batch (run eagerly,
+            # outside a captured step's pool) would stay reserved through the training that
+            # follows: memory that other runs sharing the GPU need
+            torch.cuda.empty_cache()
         if progress:
             bar.write(f"evaluated after step {step} in {time.perf_counter() - began:.0f} s: score {last['score']:.4f}", file=sys.stderr)
         history.append({"epoch": epoch + 1, "step": step, "train_loss": mean_loss, "score": last["score"], **({"loss": last["loss"]} if "loss" in last else {})})
