@@ -63,3 +63,20 @@ def test_a_curve_from_before_the_last_evaluation_says_at_which_step():
     assert _earlier(row({"step": 7_816, "steps": 9_587})) == "; at step 7,816 of 9,587"
     assert _earlier(row({"step": 9_587, "steps": 9_587}, {"step": None, "steps": 10})) == ""
     assert _earlier(row({"step": 5, "steps": 9}, {"step": 9, "steps": 9}, {"step": 2, "steps": 9})) == "; 2 of 3 at an evaluation before their last"
+
+
+def test_a_curve_over_seeds_draws_each_seed_beside_the_mean():
+    """Two seeds, one learning and one not: the mean alone (0.5) is a curve no run has."""
+    from matplotlib.figure import Figure
+
+    from srope.lab.report.plots import _curves
+
+    x = [1, 2, 3]
+    runs = [SimpleNamespace(curves={"acc": (x, y)}, reported=[]) for y in ([1.0, 1.0, 1.0], [0.0, 0.0, 0.0])]
+    row = SimpleNamespace(runs=runs, label="srope", paper_row="Selective RoPE", train_len=2)
+    ax = Figure().subplots()
+    _curves(ax, [row], "acc")
+    drawn = [(line.get_label(), list(line.get_ydata()), line.get_linewidth()) for line in ax.get_lines() if list(line.get_xdata()) == x]
+    assert drawn[0] == ("srope (mean of 2 seeds, thin: each)", [0.5, 0.5, 0.5], 1.4)
+    assert sorted(d[1] for d in drawn[1:]) == [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
+    assert all(d[2] < 1.4 for d in drawn[1:])

@@ -72,6 +72,8 @@ def _earlier(row: Row) -> str:
 
 
 def _curves(ax, group: list[Row], name: str) -> None:
+    """Each row's mean over seeds, bold, with every seed's own curve thin beside it: seeds that
+    split into learners and non-learners make a mean that no run has, and a band hides which."""
     for row, color in zip(group, _colors(group)):
         curves = [r.curves[name] for r in row.runs if name in r.curves and r.curves[name][0]]
         if not curves:
@@ -79,13 +81,15 @@ def _curves(ax, group: list[Row], name: str) -> None:
         x = list(curves[0][0])
         ys = [list(c[1]) for c in curves if list(c[0]) == x]
         mean = [sum(v) / len(v) for v in zip(*ys)]
-        line = ax.plot(x, mean, label=f"{row.label} ({_seeds(len(ys))}{_earlier(row)})", color=color, linewidth=1.4)[0]
+        label = f"{row.label} (mean of {_seeds(len(ys))}, thin: each{_earlier(row)})" if len(ys) > 1 else f"{row.label} (1 seed{_earlier(row)})"
+        ax.plot(x, mean, label=label, color=color, linewidth=1.4)
         if len(ys) > 1:
-            ax.fill_between(x, [min(v) for v in zip(*ys)], [max(v) for v in zip(*ys)], color=line.get_color(), alpha=0.15)
+            for y in ys:
+                ax.plot(x, y, color=color, linewidth=0.6, alpha=0.45)
     if group[0].train_len:
         ax.axvline(group[0].train_len, color="gray", linestyle="--", linewidth=1)
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=6, loc="upper right")
+    ax.legend(fontsize=6, loc="best")  # accuracy curves start at 1 on the left and often end at 0 on the right
 
 
 def plot_page(page: Page, path: Path) -> Path | None:
