@@ -20,8 +20,10 @@
 #                 Memory: a Transformer S2 run held 4-16 GB, a DeltaNet A3 run 29-46 GB (29 GB
 #                 the captured step's pool, the rest the epoch's last batch and evaluation, now
 #                 given back after each evaluation): three Transformer runs fit an H100 at once,
-#                 nine did not; of two A3 runs one ran out of memory at step 489. About 400 s per
-#                 1,000 steps each, three Transformer runs at once; 290 s for one A3 run alone
+#                 nine did not; two A3 runs fit (65,945 MiB together) since the runner gives
+#                 an evaluation's blocks back, four did not. About 400 s per 1,000 steps each,
+#                 three Transformer runs at once; 290 s for one A3 run alone, 400-600 s beside
+#                 another. Two lanes of stages side by side: the state-tracking report's tenth round
 #   st-gla        Fig. 7's GLA S2 panel at the authors' recipe: NoPE, RoPE, Selective RoPE as they
 #                 ran it and with srope demo's encoding (the recipe's regularisers), for what is
 #                 left of the call; detached (below), two at once reach about 10,000 steps each
