@@ -82,6 +82,8 @@
 # had not finished one step after 194 s), and these models are host-bound.
 # SYNTH_ONLY (a regex) keeps only the synthetic runs whose names match. WARM=0 skips the
 # warm-up steps (one run alone fills its caches itself, and the minute goes to training).
+# NEED_S starts a synthetic run only with that many seconds of the call left (its training to
+# max_steps, evaluation and start-up): in a chain, a stage that cannot finish is not begun.
 #
 # DETACH=1 starts the stages in a process session of their own and returns at once: they
 # outlive the call (the device machine ends only processes of the call's session) and run on
@@ -161,6 +163,7 @@ synth_all() {
   while read -r name warm args; do
     [ "$warm" = warm ] && [ "${WARM:-1}" = 1 ] || continue
     [ -f "out/synth/$name/results.json" ] && continue  # begun in an earlier call: caches are warm
+    [ "$(left)" -ge "${NEED_S:-0}" ] || continue  # no run will start
     local limit
     limit=$(at_most "${WARM_LIMIT:-240}")
     [ "$limit" -gt 0 ] || { echo "no time left to warm $name"; continue; }
@@ -177,6 +180,9 @@ synth_all() {
     local limit
     limit=${SYNTH_LIMIT:-$(left)}
     [ "$limit" -gt 0 ] || { echo "no time left to start $name"; continue; }
+    # NEED_S: a run whose planned schedule (max_steps) the call's end would cut short is not
+    # begun; a cut run records a result of another schedule than the one asked for
+    [ "$limit" -ge "${NEED_S:-0}" ] || { echo "== $(date +%T) not started: $name needs NEED_S=$NEED_S s, $limit left"; continue; }
     # the run's own budget ends EVAL_MARGIN s before the timeout below: its start-up (imports, data,
     # graph capture) and final evaluation fall in that margin, so the run stops and records its
     # result before the timeout can interrupt it (a margin of 5 s lost all three runs of a call)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("ta
 
 def run_stage(tmp_path: Path, stage: str, **env: str) -> list[list[str]]:
     """The argument lists of every python3 the stage started, in order."""
-    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments").mkdir(parents=True)
     (tmp_path / "benchmarks").mkdir()
     shutil.copy(ROOT / "experiments" / "gpu.sh", tmp_path / "experiments")
     (tmp_path / "benchmarks" / "device-env.sh").write_text('R=${OUT:-$PWD/out/gpu}\nmkdir -p "$R"\n')
@@ -31,7 +31,7 @@ def run_stage(tmp_path: Path, stage: str, **env: str) -> list[list[str]]:
     full_env = {**inherited, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALL_S": "600", **env}
     done = subprocess.run(["bash", "experiments/gpu.sh", stage], cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    return [line.split("\x1f")[:-1] for line in calls.read_text().splitlines()]
+    return [line.split("\x1f")[:-1] for line in (calls.read_text() if calls.exists() else "").splitlines()]
 
 
 def option(args: list[str], name: str) -> str:
@@ -74,3 +74,10 @@ def test_st_gla_keeps_the_demos_encoding_and_the_authors_preset(tmp_path):
     assert args[args.index("--preset") + 1] == "authors" and args[args.index("--out") + 1] == "out/synth/st-gla-s2-1k-srope-demo-encoding"
     assert option(args, "position.projection_gain") == "8.0" and option(args, "position.gate") == "per-channel"
     assert option(args, "max_steps") == "1000" and option(args, "seeds") == "0,1,2"
+
+
+def test_a_run_that_cannot_finish_its_schedule_is_not_begun(tmp_path):
+    """NEED_S: with 600 s in the call, a run that needs 1,000 is neither warmed nor started."""
+    assert run_stage(tmp_path, "state-tracking", ST_SET="--set max_steps=1000", NEED_S="1000") == []
+    calls = run_stage(tmp_path / "enough", "state-tracking", ST_SET="--set max_steps=1000", NEED_S="300", SYNTH_ONLY="st-deltanet-a3-nope")
+    assert [c[c.index("--out") + 1] for c in calls] == ["out/warm/st-deltanet-a3-nope", "out/synth/st-deltanet-a3-nope"]
