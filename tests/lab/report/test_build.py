@@ -314,3 +314,23 @@ def test_state_tracking_says_which_evaluation_it_reports_and_when_the_last_lost_
     assert "| best: the last, step 300 |" in _row(runs, "gla/rope")
     verdict = next(line for line in text.splitlines() if line.startswith("Verdict:"))
     assert "not reproduced" in verdict and "then loses it (seed 0: 0.9% at its last evaluation (step 300), 100.0% at step 200)" in verdict
+
+
+def test_state_tracking_counts_seeds_that_learn_and_that_come_close(tmp_path):
+    """Seeds at 1.0, 0.95 and 0.0 at the training length: one learns (>= 0.99), two reach 0.9;
+    the mean (65%) alone would say neither."""
+    from srope.lab.report.write import write_report
+
+    from .conftest import _write, head, run, synth
+
+    cfg = {"group": "S2", "train_len": 128, "eval_len": 512, "train_size": 2_000_000, "eval_size": 16_384, "epochs": 100, "batch_size": 4096,
+           "lrs": [1e-3], "mixer": "attention", "model": {"hidden_size": 384, "num_hidden_layers": 1, "num_heads": 12}}
+    settings = [{"name": "S2", "params": {}, "max_len": 129}]
+    records = [run("S2", seed, 0.0, {"seq_acc_at_train_len": acc}) for seed, acc in ((555, 1.0), (666, 0.95), (777, 0.0))]
+    _write(tmp_path / "st-srope/results.json", synth("state_tracking", "selective_rope", records, cfg, settings, head()))
+    write_report([tmp_path], tmp_path / "report")
+    lines = (tmp_path / "report" / "state_tracking.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| variant | seq acc @ train len"))
+    assert "| seeds >= 0.99 / >= 0.9 @ 128 |" in header
+    row = next(line for line in lines if line.startswith("| gla/selective_rope ("))
+    assert "| 65.0 ± 56.3 |" in row and "| 1 / 2 of 3 |" in row

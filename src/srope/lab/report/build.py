@@ -607,13 +607,15 @@ def state_tracking_page(rows: list[Row]) -> Page:
             eval_len = group[0].fields.get("eval len")
             body = []
             for row in group:
-                learned = sum(v >= LEARNS for v in row.values("seq_acc_at_train_len"))
-                body.append([_label_cell(row), fmt(row.stat("seq_acc_at_train_len")), fmt(row.stat("score")), f"{learned}/{len(row.runs)}", seeds_cell(row),
+                # both counts: seeds that split into learners and non-learners make a mean that says neither
+                at_train = row.values("seq_acc_at_train_len")
+                counts = f"{sum(v >= LEARNS for v in at_train)} / {sum(v >= FAILS for v in at_train)} of {len(row.runs)}"
+                body.append([_label_cell(row), fmt(row.stat("seq_acc_at_train_len")), fmt(row.stat("score")), counts, seeds_cell(row),
                              paper_cell(exp, row.paper_row, "seq_acc"), differences(row.fields, exp.protocol), budget_cell(row, exp.protocol), provenance_cell(row)])
             verdict = state_tracking_verdict(exp, group)
             verdicts.append((exp.title, title, verdict))
             parts += [f"### {title}", "", _folders(group), "", f"Verdict: {verdict.line()}", "",
-                      _table(["variant", f"seq acc @ train len {group[0].train_len}, %", f"seq acc @ {eval_len}, %", f"seeds learning (>= {LEARNS})", "seeds",
+                      _table(["variant", f"seq acc @ train len {group[0].train_len}, %", f"seq acc @ {eval_len}, %", f"seeds >= {LEARNS} / >= {FAILS} @ {group[0].train_len}", "seeds",
                               "paper (Fig. 7)", "protocol differences", "budget", "provenance"], body), "",
                       "Every run:", "", _state_runs_table(group, eval_len), ""]
     parts += [_footnotes(mine), _no_counterpart([r for r in rows if r not in mine])]
