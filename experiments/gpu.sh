@@ -160,8 +160,13 @@ demo() {
 synth_all() {
   local pids=() lines
   lines=$(grep -E "^(${SYNTH_ONLY:-.*})( |$)")
+  # where SYNTH_ONLY leaves out the line marked warm, the first of several runs warms instead:
+  # two copying runs without a warm-up autotuned side by side for their first 6 minutes
+  local first=""
+  grep -q '^[^ ]* warm ' <<< "$lines" || [ "$(grep -c . <<< "$lines")" -lt 2 ] || first=$(head -n 1 <<< "$lines" | cut -d' ' -f1)
   while read -r name warm args; do
-    [ "$warm" = warm ] && [ "${WARM:-1}" = 1 ] || continue
+    [ "$warm" = warm ] || { [ "$name" = "$first" ] && [ -n "$name" ] && args="$warm $args"; } || continue
+    [ "${WARM:-1}" = 1 ] || continue
     [ -f "out/synth/$name/results.json" ] && continue  # begun in an earlier call: caches are warm
     [ "$(left)" -ge "${NEED_S:-0}" ] || continue  # no run will start
     local limit
