@@ -81,7 +81,7 @@
 # kernels autotune for minutes at every new model width otherwise (MQAR's first run at d 64
 # had not finished one step after 194 s), and these models are host-bound.
 # SYNTH_ONLY (a regex) keeps only the synthetic runs whose names match. WARM=0 skips the
-# warm-up steps (one run alone fills its caches itself, and the minute goes to training).
+# warm-up steps (a run alone always skips them: it fills its caches itself).
 # NEED_S starts a synthetic run only with that many seconds of the call left (its training to
 # max_steps, evaluation and start-up): in a chain, a stage that cannot finish is not begun.
 #
@@ -156,10 +156,12 @@ demo() {
 # Runs "NAME ARGS" lines of srope synth at once into out/synth/NAME, continuing those begun.
 # Lines marked "warm" first run alone for one step: that fills the data cache and Triton's
 # autotune cache once, instead of in every process at the same time (minutes each on a fresh
-# machine, which ran a first call of this stage past its time).
+# machine, which ran a first call of this stage past its time). One run alone is not warmed: it
+# fills the caches itself, and the warm-up's start-up (about 45 s) would come off its training.
 synth_all() {
   local pids=() lines
   lines=$(grep -E "^(${SYNTH_ONLY:-.*})( |$)")
+  [ "$(grep -c . <<< "$lines")" -ge 2 ] || local WARM=0
   # where SYNTH_ONLY leaves out the line marked warm, the first of several runs warms instead:
   # two copying runs without a warm-up autotuned side by side for their first 6 minutes
   local first=""

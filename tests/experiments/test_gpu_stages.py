@@ -79,8 +79,15 @@ def test_st_gla_keeps_the_demos_encoding_and_the_authors_preset(tmp_path):
 def test_a_run_that_cannot_finish_its_schedule_is_not_begun(tmp_path):
     """NEED_S: with 600 s in the call, a run that needs 1,000 is neither warmed nor started."""
     assert run_stage(tmp_path, "state-tracking", ST_SET="--set max_steps=1000", NEED_S="1000") == []
-    calls = run_stage(tmp_path / "enough", "state-tracking", ST_SET="--set max_steps=1000", NEED_S="300", SYNTH_ONLY="st-deltanet-a3-nope")
-    assert [c[c.index("--out") + 1] for c in calls] == ["out/warm/st-deltanet-a3-nope", "out/synth/st-deltanet-a3-nope"]
+    calls = run_stage(tmp_path / "enough", "state-tracking", ST_SET="--set max_steps=1000", NEED_S="300", SYNTH_ONLY="st-deltanet-a3-(nope|srope)")
+    assert [c[c.index("--out") + 1] for c in calls] == ["out/warm/st-deltanet-a3-nope", "out/synth/st-deltanet-a3-nope", "out/synth/st-deltanet-a3-srope"]
+
+
+def test_a_run_alone_is_not_warmed_even_where_its_line_is_marked(tmp_path):
+    """The warm-up's start-up came off the training of a lone MQAR run that had a time limit."""
+    calls = run_stage(tmp_path, "mqar", SYNTH_ONLY="mqar-nope", MQAR_WIDTHS="64", MQAR_SET="--set max_seconds=@LEFT@")
+    assert [c[c.index("--out") + 1] for c in calls] == ["out/synth/mqar-nope"]
+    assert 500 <= int(option(calls[0], "max_seconds")) <= 540  # the call's 600 s less the evaluation margin
 
 
 def test_the_first_of_several_runs_warms_the_caches_where_the_marked_line_is_left_out(tmp_path):
