@@ -128,7 +128,12 @@ def _theory(args: argparse.Namespace) -> int:
 
 
 def srope_model_factory(request):
-    """The synthetic runner's model: an ``SRopeForCausalLM`` of the requested mixer and position."""
+    """The synthetic runner's model: an ``SRopeForCausalLM`` of the requested mixer and position,
+    or Zoology's language model (``architecture="zoology"``, :mod:`srope.lab.tasks.zoology_model`)."""
+    if request.architecture == "zoology":
+        from srope.lab.tasks.zoology_model import ZoologyConfig, ZoologyLM
+
+        return ZoologyLM(ZoologyConfig.from_dict({"vocab_size": request.vocab_size, **request.model}), position=request.position)
     from srope.models import SRopeConfig, SRopeForCausalLM
 
     config = SRopeConfig(vocab_size=request.vocab_size, mixer=request.mixer, position=request.position, bos_token_id=None, eos_token_id=None, **request.model)

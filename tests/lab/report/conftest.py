@@ -28,11 +28,14 @@ def _write(path: Path, data: dict) -> Path:
     return path
 
 
-def synth(task: str, position: str, runs: list[dict], config: dict, settings: list[dict], commit: str | list[str] | None, label: str | None = None) -> dict:
-    """A ``srope synth`` results.json; ``commit`` a list: a sweep resumed at several commits (one provenance record per call)."""
+def synth(task: str, position: str, runs: list[dict], config: dict, settings: list[dict], commit: str | list[str] | None, label: str | None = None,
+          release_differences: list[str] | None = ()) -> dict:
+    """A ``srope synth`` results.json; ``commit`` a list: a sweep resumed at several commits (one provenance record per call).
+    By default a release-exact sweep (``release_differences`` empty); None: a preset that is not."""
     data = {"task": task, "preset": "test", "label": label or f"gla/{position}", "mixer": config.get("mixer", "gla"), "position_type": position,
             "config": {"mixer": "gla", "position_type": position, "position": {"selective_rope": {"gate": None, "bias": False}}, **config},
-            "settings": settings, "complete": True, "runs": runs}
+            "settings": settings, "complete": True, "runs": runs,
+            "release_differences": None if release_differences is None else list(release_differences)}
     if commit is not None:
         data["provenance"] = [prov(c) for c in (commit if isinstance(commit, list) else [commit])]
     return data
@@ -40,7 +43,7 @@ def synth(task: str, position: str, runs: list[dict], config: dict, settings: li
 
 def run(setting: str, seed: int, score: float, metrics: dict | None = None, lr: float = 1e-3, planned: int = 1000) -> dict:
     return {"setting": setting, "group": setting, "x": None, "lr": lr, "weight_decay": 0.1, "seed": seed, "score": score,
-            "metrics": {"score": score, **(metrics or {})}, "planned_steps": planned, "steps": planned, "diverged": False}
+            "metrics": {"score": score, **(metrics or {})}, "planned_steps": planned, "protocol_steps": planned, "steps": planned, "diverged": False}
 
 
 def copying_runs(extrapolation: tuple[float, float]) -> list[dict]:

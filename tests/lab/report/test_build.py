@@ -107,7 +107,8 @@ def test_mad_cells_hold_ours_and_table_1(written):
 def test_state_tracking_mqar_and_lm_verdicts(written):
     verdicts = written["verdicts"]
     gla = [v for v in verdicts["state_tracking"] if v[0].endswith("1-layer GLA")]
-    assert sorted(status for _, _, status, _ in gla) == ["reproduced", "reproduced"]  # the synth runs and the demo
+    # the synth runs (release-exact here) and the demo (our recipe: not a test of the released configuration)
+    assert sorted(status for _, _, status, _ in gla) == ["inconclusive", "reproduced"]
     assert ("State tracking: A3, 2-layer DeltaNet", "", "not comparable", "not run") in verdicts["state_tracking"]
     assert [v[2] for v in verdicts["mqar"]] == ["reproduced"]
     mqar = _page(written, "mqar")
@@ -299,9 +300,9 @@ def test_state_tracking_says_which_evaluation_it_reports_and_when_the_last_lost_
            "lrs": [5e-4], "select": "best", "model": {"hidden_size": 384, "num_hidden_layers": 1, "num_heads": 12}}
     settings = [{"name": "S2", "params": {}, "max_len": 129}]
     history = [{"epoch": e, "step": 100 * e, "train_loss": 0.6, "score": s} for e, s in ((1, 0.0), (2, 0.5), (3, 0.0))]
-    srope = {**run("S2", 0, 0.5, {"seq_acc_at_train_len": 1.0}, planned=10_000), "steps": 300, "history": history, "reported_step": 200,
+    srope = {**run("S2", 0, 0.5, {"seq_acc_at_train_len": 1.0}, planned=2_000), "steps": 300, "history": history, "reported_step": 200,
              "final": {"score": 0.0, "seq_acc": 0.0, "seq_acc_at_train_len": 0.009, "step": 300}}
-    old = {**run("S2", 0, 0.0, {"seq_acc_at_train_len": 0.0}, planned=10_000), "steps": 300, "history": [{**h, "score": 0.0} for h in history],
+    old = {**run("S2", 0, 0.0, {"seq_acc_at_train_len": 0.0}, planned=2_000), "steps": 300, "history": [{**h, "score": 0.0} for h in history],
            "final": {"score": 0.0, "seq_acc": 0.0, "seq_acc_at_train_len": 0.0}}
     _write(tmp_path / "st-srope/results.json", synth("state_tracking", "selective_rope", [srope], cfg, settings, head()))
     _write(tmp_path / "st-nope/results.json", synth("state_tracking", "nope", [old], cfg, settings, head()))

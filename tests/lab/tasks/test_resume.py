@@ -206,7 +206,7 @@ def test_refusals(tmp_path):
     with pytest.raises(ValueError, match=r"^--resume: settings differ .*: lrs \[0\.0005\] -> \[0\.002\]; model .*; resume with the same settings") as error:
         run(tmp_path / "done", resume=True, overrides={**o, "lrs": "2e-3", "model.hidden_size": 4})
     assert "\n" not in str(error.value)
-    with pytest.raises(ValueError, match="preset 'authors' -> 'paper'"):
+    with pytest.raises(ValueError, match="preset 'release' -> 'paper'"):
         run_synthetic("state_tracking", gru_factory, out=tmp_path / "done", overrides=o, preset="paper", cache_dir=None, resume=True)
     assert run(tmp_path / "done", resume=True, overrides={**o, "checkpoint_every": 7})["complete"]  # changes no number
     for bad in ({"jobs": 0}, {"jobs": True}, {"stop_after_steps": 0}, {"stop_after_steps": 1.5}):

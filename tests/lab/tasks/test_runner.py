@@ -235,14 +235,14 @@ def test_model_interface(tmp_path):
         return HFStyle(request.vocab_size)
 
     overrides = {**SMOKE["mqar"], "epochs": 1, "lrs": "1e-3", "position_type": "rope", "position.theta": "1e4", "mixer": "attention"}
-    results = run_synthetic("mqar", factory, out=tmp_path, overrides=overrides, cache_dir=None, progress=False, plot=False)
+    results = run_synthetic("mqar", factory, out=tmp_path, overrides=overrides, preset="zoology", cache_dir=None, progress=False, plot=False)
     assert [r.model["hidden_size"] for r in requests] == [8, 16] and all(r.model["num_hidden_layers"] == 2 for r in requests)
     assert requests[0].position == {"type": "rope", "theta": 1e4} and requests[0].mixer == "attention"
     assert requests[0].vocab_size == 128 and requests[0].max_len == 64 and requests[0].task == "mqar"
     assert results["label"] == "attention/rope"
 
     with pytest.raises(ValueError, match="logits must be"):
-        run_synthetic("mqar", lambda r: nn.Embedding(r.vocab_size, 4), out=tmp_path / "bad", overrides=overrides, cache_dir=None, progress=False)
+        run_synthetic("mqar", lambda r: nn.Embedding(r.vocab_size, 4), out=tmp_path / "bad", overrides=overrides, preset="zoology", cache_dir=None, progress=False)
     with pytest.raises(ValueError, match="unknown setting"):
         run_synthetic("mqar", factory, out=tmp_path / "x", overrides={"learning_rate": 1}, cache_dir=None)
     with pytest.raises(ValueError, match="unknown synthetic task"):

@@ -9,8 +9,11 @@ below the means: the seeds are few and far apart, and the longest length a run c
 tracks says more than a mean near zero.
 
 Verdicts: each protocol group (runs that share a protocol) gets one line, "reproduced",
-"not reproduced" or "not comparable (why)", by the rule :data:`RULES` states for the
-experiment. "A beats B" means A's mean exceeds B's by more than the larger of the two seed
+"not reproduced", "inconclusive (why)" or "not comparable (why)", by the rule :data:`RULES`
+states for the experiment. A verdict is only as good as its test: the copying, MQAR and
+state-tracking rules first check that the runs are a valid test (:data:`VALIDITY`: the released
+configuration, enough of the protocol's steps, and for copying and MQAR a baseline that learns
+where the paper's does) and say "inconclusive" with the reason when they are not. "A beats B" means A's mean exceeds B's by more than the larger of the two seed
 sds and :data:`MARGIN`; with one seed the spread is unknown, and the verdict says so.
 """
 
@@ -29,6 +32,20 @@ from srope.lab.report.collect import OUR_RECIPE, Collected, Provenance, Run, mar
 MARGIN = 0.01  # accuracies in [0, 1]: smaller differences are not an ordering
 LEARNS, FAILS, EXTRAPOLATES = 0.99, 0.9, 0.9  # state tracking: the protocol's stopping threshold; "does not learn" below 0.9
 COPY_EXTRAPOLATES = 0.5  # copying: string accuracy beyond the training length that counts as extrapolating
+COPY_FITS = 0.9  # copying: string accuracy at the training lengths every arm needs for a valid test
+MQAR_LEARNS = 0.5  # MQAR: query accuracy some arm needs at 512 x 64 for a valid test
+# The least share of the protocol's steps a run of a valid test trains (a run that met its
+# stopping threshold counts as whole): the released protocols of copying and MQAR are cheap
+# enough to run in full; state tracking's (48,900-195,400 steps) is asked at a tenth, with
+# its schedule planned over the steps run (max_steps).
+MIN_STEPS_SHARE = {"copying": 1.0, "mqar": 1.0, "state_tracking": 0.1}
+VALIDITY = (
+    "A test is valid when every run behind it used a release-exact preset without leaving the released configuration "
+    "(`srope synth TASK --preset release`; docs/release-presets.md) and trained at least "
+    + ", ".join(f"{v:.0%} ({k.replace('_', ' ')})" for k, v in MIN_STEPS_SHARE.items())
+    + f" of its protocol's steps; for copying every arm also copies at least {COPY_FITS:.0%} of the strings at the training lengths, "
+    f"for MQAR some arm reaches {MQAR_LEARNS:.0%} at sequence 512 / 64 KV pairs. Otherwise the verdict is \"inconclusive\" with the reason."
+)
 
 RULES = {
     "copying": (
@@ -64,7 +81,7 @@ DIRTY_NOTE = "+dirty: src/ had uncommitted changes when the result was made, so 
 
 @dataclass
 class Verdict:
-    status: str  # "reproduced", "not reproduced", "not comparable"
+    status: str  # "reproduced", "not reproduced", "inconclusive", "not comparable"
     why: str
 
     def line(self) -> str:
@@ -332,7 +349,8 @@ def _by_paper_row(rows: list[Row], metric: str) -> dict[str, Row]:
 
 def _opening(name: str, title: str, exp: paper.Experiment, rows: list[Row]) -> tuple[list[Row], list[str]]:
     """The rows of experiment ``name`` and the first lines of its page: title, header, rule."""
-    return [r for r in rows if r.experiment == name], [f"# {title} ({exp.source})", "", _header(exp), "", f"Rule: {RULES[name]}", ""]
+    validity = [f"Validity: {VALIDITY}", ""] if name in MIN_STEPS_SHARE else []
+    return [r for r in rows if r.experiment == name], [f"# {title} ({exp.source})", "", _header(exp), "", f"Rule: {RULES[name]}", "", *validity]
 
 
 def _header(exp: paper.Experiment) -> str:
@@ -495,6 +513,28 @@ def _lost_by_the_end(row: Row, metric: str) -> list[str]:
             and isinstance(r["final"].get(metric), (int, float)) and r["final"][metric] < LEARNS]
 
 
+def invalid_test(family: str, rows: Iterable[Row]) -> str | None:
+    """Why ``rows`` are not a valid test of the paper's claim (release and budget), or None."""
+    floor = MIN_STEPS_SHARE[family]
+    for row in rows:
+        differences = [r.release_differences for r in row.runs]
+        if any(d is None for d in differences):
+            return f"{row.label} did not run a release-exact preset ({row.group.split(',')[0]})"
+        left = sorted({d for ds in differences for d in ds})
+        if left:
+            return f"{row.label} leaves the released configuration ({'; '.join(left)})"
+        shares = [r.steps_share for r in row.runs]
+        if any(s is None for s in shares):
+            return f"{row.label}: its records do not say how much of the protocol's steps it trained"
+        if min(shares) < floor:
+            return f"{row.label} trained {share(min(shares))} of the protocol's steps (a valid test trains at least {share(floor)})"
+    return None
+
+
+def _inconclusive(why: str, said: str) -> Verdict:
+    return Verdict("inconclusive", f"{why}; {said}")
+
+
 def copying_verdict(group: list[Row]) -> Verdict:
     best = _by_paper_row(group, "str_acc_extrapolation")
     missing = [name for name in ("NoPE", "RoPE", "Selective RoPE") if name not in best]
@@ -504,6 +544,12 @@ def copying_verdict(group: list[Row]) -> Verdict:
     if None in (sel, nope, rope):
         return Verdict("not comparable", "no accuracy beyond the training length (evaluated only up to it)")
     said = f"string accuracy beyond the training length: Selective RoPE ({best['Selective RoPE'].label}) {fmt(sel)}%, NoPE {fmt(nope)}%, RoPE {fmt(rope)}%"
+    unfit = [f"{name} {fmt(best[name].stat('str_acc_train_range'))}%" for name in ("NoPE", "RoPE", "Selective RoPE")
+             if (best[name].stat("str_acc_train_range") or (0.0,))[0] < COPY_FITS]
+    why = invalid_test("copying", best.values()) or (
+        f"not every arm fits the training lengths (string accuracy there: {', '.join(unfit)}; a valid test needs {COPY_FITS:.0%})" if unfit else None)
+    if why:
+        return _inconclusive(why, said + _caveats(best.values()))
     ok = sel[0] >= COPY_EXTRAPOLATES and _beats(sel, nope) and _beats(sel, rope)
     return Verdict("reproduced" if ok else "not reproduced", said + _caveats(best.values()))
 
@@ -587,12 +633,18 @@ def mqar_verdict(group: list[Row], points: dict) -> Verdict:
     sel, nope, rope = average("Selective RoPE"), average("NoPE"), average("RoPE")
     said = (f"mean accuracy over widths {', '.join(str(w) for w in sorted(widths))}: Selective RoPE {fmt(sel)}%, NoPE {fmt(nope)}%, RoPE {fmt(rope)}%"
             + ("; RoPE beats NoPE as the paper says" if _beats(rope, nope) else "; RoPE does not beat NoPE (the paper: positional information helps)"))
+    learned = max((s[0] for r in by_name.values() for s in points[id(r)][PAPER_MQAR].values() if s), default=0.0)
+    why = invalid_test("mqar", by_name.values()) or (
+        f"no encoding learns sequence 512 / 64 KV pairs at any width run (best {100 * learned:.1f}%; a valid test needs one at {MQAR_LEARNS:.0%}), "
+        "so the base model cannot tell the encodings apart" if learned < MQAR_LEARNS else None)
+    if why:
+        return _inconclusive(why, said + _caveats(by_name.values()))
     ok = _beats(sel, nope) and _beats(sel, rope)
     return Verdict("reproduced" if ok else "not reproduced", said + _caveats(by_name.values()))
 
 
 def state_tracking_page(rows: list[Row]) -> Page:
-    parts = ["# State tracking (v3 Fig. 7 (v1 Fig. 8))", "", f"Rule: {RULES['state_tracking']}", ""]
+    parts = ["# State tracking (v3 Fig. 7 (v1 Fig. 8))", "", f"Rule: {RULES['state_tracking']}", "", f"Validity: {VALIDITY}", ""]
     verdicts = []
     mine = [r for r in rows if r.experiment in {e.key for e in paper.STATE_TRACKING}]
     for exp in paper.STATE_TRACKING:
@@ -645,6 +697,9 @@ def state_tracking_verdict(exp: paper.Experiment, group: list[Row]) -> Verdict:
             checks.append((f"{name} does not learn: {fmt(s)}%", s is not None and s[0] < FAILS))
     ok = all(passed for _, passed in checks)
     said = "; ".join(f"{text} ({'yes' if passed else 'no'})" for text, passed in checks)
+    why = invalid_test("state_tracking", best.values())
+    if why:
+        return _inconclusive(why, said + _caveats(best.values()))
     return Verdict("reproduced" if ok else "not reproduced", said + _caveats(best.values()))
 
 

@@ -135,6 +135,12 @@ class Run:
     # per setting, which evaluation the metrics come from: {"select", "step" (None: not recorded),
     # "steps" (trained), "final" (the last evaluation's scalars)}
     reported: list[dict] = field(default_factory=list)
+    # srope.lab.tasks.release.differences of the run's sweep: None when its preset is not
+    # release-exact (or the result predates release-exact presets), [] when it is the release
+    release_differences: list[str] | None = None
+    # the smallest share of its protocol's steps any of this seed's runs trained (a run that met
+    # its stopping threshold counts as whole); None where the records do not say
+    steps_share: float | None = None
 
 
 @dataclass
@@ -320,7 +326,7 @@ def synthetic_runs(files: list[tuple[Path, dict]]) -> list[Run]:
         pool = pools.setdefault((experiment, group_key, _key(variant)), {
             "task": task, "cfg": cfg, "preset": data.get("preset"), "label": data.get("label") or f"{cfg.get('mixer')}/{position_type}",
             "paper_row": paper_variant(position_type, options, with_options=task == "mad"), "records": {}, "settings": {},
-            "provenance": {}, "sources": [], "complete": True,
+            "provenance": {}, "sources": [], "complete": True, "release_differences": data.get("release_differences"),
         })
         pool["sources"].append(path)
         pool["complete"] &= bool(data.get("complete"))
@@ -361,7 +367,7 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
         curves: dict[str, tuple[list, list]] = {}
         histories = {s: ([h["step"] for h in r["history"]], [h["score"] for h in r["history"]]) for s, r in mine.items() if r.get("history")}
         budget = 0.0
-        seed_notes, time_limited, reported = list(notes), [], []
+        seed_notes, time_limited, reported, shares = list(notes), [], [], []
         for setting, record in mine.items():
             examples = _run_examples(task, cfg, pool["settings"].get(setting, {}), record)
             budget = budget + examples if examples is not None and budget is not None else None
@@ -373,6 +379,7 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
                     curves[name] = (curve["x"], curve["y"])
             select = cfg.get("select", "final")
             reported.append({"select": select, "step": _reported_step(record, select), "steps": record.get("steps"), "final": record.get("final", {})})
+            shares.append(_steps_share(record))
             if record.get("diverged") and "diverged" not in seed_notes:
                 seed_notes.append("diverged")
             if record.get("stopped") == "time":
@@ -397,9 +404,18 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
             provenance=list(dict.fromkeys(p for group, _ in provs for p in group)), sources=list(dict.fromkeys(src for _, src in provs)), notes=seed_notes,
             time_limited=time_limited, trained=len(mine),
             train_len=cfg.get("train_len") or cfg.get("max_len"), config={k: v for k, v in cfg.items() if k not in _NOT_PROTOCOL},
-            histories=histories, reported=reported,
+            histories=histories, reported=reported, release_differences=pool["release_differences"],
+            steps_share=None if not shares or None in shares else min(shares),
         ))  # fmt: skip
     return runs
+
+
+def _steps_share(record: dict) -> float | None:
+    """The share of its protocol's steps a run trained (1.0 once its stopping rule ended it)."""
+    if record.get("stopped") in ("threshold", "patience"):
+        return 1.0
+    planned = record.get("protocol_steps")
+    return None if not planned else min(1.0, record.get("steps", 0) / planned)
 
 
 def _reported_step(record: dict, select: str) -> int | None:

@@ -21,6 +21,7 @@ import torch
 
 from srope.lab.config import RunConfig
 from srope.lab.schedule import TASK_SCHEDULES
+from srope.lab.tasks import numerics
 
 IGNORE = -100
 CACHE_ENV = "SROPE_CACHE"
@@ -71,9 +72,11 @@ class TaskConfig(RunConfig):
     model, ``off`` runs the head everywhere. Tasks whose count of targets varies from batch to
     batch (copying) would give the captured step a new shape each time, so ``auto`` leaves them.
 
-    Model: ``mixer`` and ``model`` (HF-style config entries) go to the model factory with
-    ``{"type": position_type, **position[position_type]}`` as the position encoding; the
-    presets carry the authors' position-encoding options for each type.
+    Model: ``architecture``, ``mixer`` and ``model`` (config entries) go to the model factory
+    with ``{"type": position_type, **position[position_type]}`` as the position encoding; the
+    presets carry the authors' position-encoding options for each type. ``init`` and
+    ``precision`` (:mod:`srope.lab.tasks.numerics`) choose the initialisation and the dtype the
+    weights are trained in (the release-exact presets set the authors').
     """
 
     lrs: tuple[float, ...] = (1e-3,)
@@ -101,8 +104,11 @@ class TaskConfig(RunConfig):
     loss_every: int = 50  # the mean training loss of every this many steps goes into the run's loss_curve (0: none)
     cuda_graph: str = "auto"  # the training step as a CUDA graph on CUDA, else eager; "on": that or an error; "off": eager
     head_at_targets: str = "auto"  # the output head only at the positions that have targets: "auto", "on", "off"
+    architecture: str = "srope"  # "srope": SRopeForCausalLM; "zoology": Zoology's LM with the mixer in its layer list
     mixer: str = "gla"
     model: dict = field(default_factory=dict)
+    init: str = "model"  # srope.lab.tasks.numerics: "model" (the model's own) or "release" (the authors' N(0, 0.02))
+    precision: str = "autocast"  # srope.lab.tasks.numerics: "autocast", "float32" or "bf16" (bf16 weights)
     position_type: str = "selective_rope"
     position: dict = field(default_factory=dict)  # {position type: its keyword arguments}
 
@@ -119,6 +125,7 @@ class TaskConfig(RunConfig):
 
 
 SELECTS = ("final", "best", "min_loss")
+ARCHITECTURES = ("srope", "zoology")
 
 
 def check_train_config(cfg: TaskConfig, auto_batch: bool = False) -> None:
@@ -129,6 +136,11 @@ def check_train_config(cfg: TaskConfig, auto_batch: bool = False) -> None:
             raise ValueError(f"{name} must list at least one value")
     if any(not lr > 0 for lr in cfg.lrs):
         raise ValueError(f"learning rates must be positive, got {cfg.lrs}")
+    numerics.check(cfg.init, cfg.precision)
+    if cfg.architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {cfg.architecture!r}")
+    if cfg.architecture == "zoology" and cfg.mixer != "gla":
+        raise ValueError(f"the zoology architecture hosts the gla mixer only, got mixer={cfg.mixer!r}")
     if cfg.schedule not in TASK_SCHEDULES:
         raise ValueError(f"schedule must be one of {TASK_SCHEDULES}, got {cfg.schedule!r}")
     if cfg.select not in SELECTS:
@@ -254,6 +266,7 @@ class ModelRequest:
     mixer: str
     model: dict
     position: dict
+    architecture: str = "srope"
 
 
 @dataclass

@@ -20,10 +20,14 @@ predictions, so they are left out. With ``autoregressive=True`` the model also g
 the answer greedily from ``$s|`` (``ar_examples`` strings per length, full recompute per
 token: slow), reported as ``ar_str_acc`` / ``ar_char_acc``.
 
-Presets: ``authors`` (default; the released sweep: lr 2e-3, seeds 0–2, GLA 4 layers d512 16
+Presets: ``release`` (default; the released sweep: lr 2e-3, seeds 0–2, GLA 4 layers d512 16
 heads without short conv, Selective RoPE with the first difference instead of the conv and
-the rfa spectrum ε=1e-4, max 0.25; gate and bias off, the sweep also tries them) and
-``paper`` (Table 7: lr 5e-5, seed 42). Both: 5000 steps of batch 256, AdamW (0.9, 0.999,
+the rfa spectrum ε=1e-4, max 0.25; gate and bias off, the sweep also tries them; the
+release's initialisation), ``authors`` (the same with srope's initialisation) and ``paper``
+(Table 7: lr 5e-5, seed 42). With the first difference and neither gate nor bias the phase
+telescopes to ``Θ·W x̂_t``: a rotation by the current token's content alone, which carries no
+position, so that arm is NoPE-like by construction; bias (``e^b`` per step) or a gate give it
+position. Both: 5000 steps of batch 256, AdamW (0.9, 0.999,
 ε 1e-8) with weight decay 0.1, linear warm-up over 10% then linear decay to 0, gradient
 clipping at 1.0. ``epochs`` splits the steps into that many rounds with an evaluation after
 each (default 1: evaluate once at the end). ``cpu``: strings of 2-8 letters, evaluated up to
@@ -98,8 +102,17 @@ CPU = CopyingPreset(
            "tie_word_embeddings": False},
 )
 
-PRESETS = {"authors": CopyingPreset(), "paper": CopyingPreset(lrs=(5e-5,), seeds=(42,)), "cpu": CPU}
-DEFAULT_PRESET = "authors"
+# ``release``: the released sweep field by field as docs/release-presets.md cites it: ``authors``
+# plus the release's initialisation (N(0, 0.02) for every linear map, the φ projection's too) and
+# its evaluation lengths (``range(2, 512)``).
+# Its four arms: the plain encoding, ``--set position.bias=true``, ``--set position.gate=standard``
+# (one gate per head, the release's default parametrisation), and both.
+PRESETS = {"release": CopyingPreset(init="release", eval_lengths="2-511"), "authors": CopyingPreset(), "paper": CopyingPreset(lrs=(5e-5,), seeds=(42,)), "cpu": CPU}
+DEFAULT_PRESET = "release"
+RELEASE_PRESETS = ("release",)
+# The released sweep's axes (gate x bias, seeds); the learning rate of its grid comment or Table 7.
+RELEASE_VARIES = {"position.selective_rope.gate": (None, "standard"), "position.selective_rope.bias": (True, False), "seeds": None,
+                  "lrs": (5e-3, 2e-3, 1e-3, 5e-4, 1e-4, 5e-5, 1e-5), "position_type": None}
 
 
 def encode(text: str) -> list[int]:

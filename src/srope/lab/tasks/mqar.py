@@ -13,7 +13,9 @@ Sampling without replacement uses numpy's ``choice`` for the distinct keys and v
 the Gumbel-top-k trick for the weighted gaps; both give Zoology's distributions (its code
 draws the same things row by row with ``np.random.choice``).
 
-Presets: ``zoology`` (default; the Zoology Figure-2 sweep the paper follows: vocab 8192,
+Presets: ``release`` (default; Zoology's own GLA model, a BaseConv layer then a GLA layer, in
+the Figure-2 protocol, equal field by field to the files docs/release-presets.md cites), ``zoology``
+(the Zoology Figure-2 sweep the paper follows with srope's GLA-only model: vocab 8192,
 (seq_len, kv_pairs) in (64,4), (128,8), (256,16), (512,64), 100,000 train and 3,000 test
 examples, d_model in 64…512, 2 layers, lr in logspace(-4, -2, 4), AdamW with weight decay
 0.1, 64 epochs with a cosine schedule stepped per epoch, stop once the test accuracy passes
@@ -21,13 +23,12 @@ examples, d_model in 64…512, 2 layers, lr in logspace(-4, -2, 4), AdamW with w
 logspace(-4, -2, 8): the paper's description of its grid, "[1e-4, 1e-2], 8 values", is
 self-contradictory). Zoology's Figure-2 models have no MLP (state mixer = identity), and
 neither have these presets' (``model.intermediate_size=0``; the ``cpu`` preset keeps one).
-The presets' GLA has 2 layers (the authors' vendored Figure-2 config) and 2 heads without a
-short conv (Zoology's ``models_repo.add_gla``), but not what ``add_gla`` puts beside the GLA in
-every layer: a kernel-3 BaseConv; Zoology's own Figure-2 config gives recurrent models 4
-layers. Without a convolution a GLA has no direct way to bind a value to the key before it:
-at sequence 512 with 64 pairs every encoding stayed at chance in the runs of
-docs/reports/2026-12-05-mqar.md. ``--set model.use_short_conv=true`` gives the GLA fla's
-short convolution, the nearest part to Zoology's BaseConv here.
+The ``zoology`` and ``paper`` presets' model is srope's: two GLA layers with 2 heads and no
+short conv, RMSNorm, no MLP, an untied head, bf16 autocast. Zoology's own (``release``) is one
+BaseConv layer followed by one GLA layer (``add_gla`` gives ``Hybrid`` the list
+``[BaseConv, GLA]`` and layer ``i`` takes entry ``i % 2``). Without a convolution a GLA has no
+direct way to bind a value to the key before it: at sequence 512 with 64 pairs every encoding
+stayed at chance with srope's model in the runs of docs/reports/2026-12-05-mqar.md.
 The paper's Selective-RoPE MQAR configuration is not released; the position options here are the authors' shared defaults. ``cpu``: one small configuration
 that a laptop CPU runs in about a minute (see :data:`CPU`).
 """
@@ -102,8 +103,21 @@ CPU = MQARPreset(
     threads=1, model={"num_hidden_layers": 2, "num_heads": 2, "use_short_conv": True},
 )
 
-PRESETS = {"zoology": MQARPreset(), "paper": MQARPreset(lrs=tuple(float(v) for v in np.logspace(-4, -2, 8))), "cpu": CPU}
-DEFAULT_PRESET = "zoology"
+# ``release``: Zoology's own two-layer GLA (``models_repo.add_gla``: a BaseConv layer, then a GLA
+# layer with 2 heads and no short conv) in the Figure-2 protocol, field by field as
+# docs/release-presets.md cites it: LayerNorm blocks with the identity state mixer, embedding
+# dropout 0.1, head tied to the embedding, Zoology's initialisation, float32. Selective RoPE and
+# RoPE sit in the GLA layer (the paper's MQAR configuration is not released).
+RELEASE = MQARPreset(
+    architecture="zoology", precision="float32",
+    model={"layers": ["base_conv", "gla"], "num_hidden_layers": 2, "num_heads": 2, "use_short_conv": False},
+)
+
+PRESETS = {"release": RELEASE, "zoology": MQARPreset(), "paper": MQARPreset(lrs=tuple(float(v) for v in np.logspace(-4, -2, 8))), "cpu": CPU}
+DEFAULT_PRESET = "release"
+RELEASE_PRESETS = ("release",)
+# Figure 2 sweeps these; one run may take any of its points (and any seed).
+RELEASE_VARIES = {"configs": ("64x4", "128x8", "256x16", "512x64"), "d_models": (64, 128, 256, 512), "lrs": ZOOLOGY_LRS, "seeds": None, "position_type": None}
 
 
 def parse_config(text: str) -> tuple[int, int]:

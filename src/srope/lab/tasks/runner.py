@@ -58,8 +58,9 @@ from srope.lab import provenance
 from srope.lab.graphed import graphed_optimizer_step
 from srope.lab.loop import optimizer_step, train_steps
 from srope.lab.schedule import task_schedule
-from srope.lab.tasks import copying, mad, mqar, state_tracking
+from srope.lab.tasks import copying, mad, mqar, numerics, release, state_tracking
 from srope.lab.config import apply_overrides
+from srope.lab.tasks.numerics import autocast
 from srope.lab.tasks.common import IGNORE, ModelRequest, Prepared, Setting, default_cache_dir, rng_for
 from srope.lab.tasks.parallel import LocalControl
 from srope.lab.tasks.summary import summarize
@@ -120,7 +121,7 @@ def resolve_preset(task: str, preset: str | None = None, overrides: dict[str, An
 def model_request(task: str, cfg, setting: Setting) -> ModelRequest:
     position = {"type": cfg.position_type, **cfg.position.get(cfg.position_type, {})}
     return ModelRequest(task=task, setting=setting.name, vocab_size=setting.vocab_size, max_len=setting.max_len, mixer=cfg.mixer,
-                        model={**cfg.model, **setting.model}, position=position)
+                        model={**cfg.model, **setting.model}, position=position, architecture=cfg.architecture)
 
 
 def as_logits(output: Any) -> torch.Tensor:
@@ -154,18 +155,19 @@ def head_at_targets(cfg, task: str, model: nn.Module, device: torch.device) -> b
     return cfg.head_at_targets == "on"
 
 
-def task_loss(model: nn.Module, vocab: int, device: torch.device) -> Callable[..., torch.Tensor]:
+def task_loss(model: nn.Module, vocab: int, device: torch.device, precision: str = "autocast") -> Callable[..., torch.Tensor]:
     """The runner's training loss ``loss(x, y, scored=None)``: the mean cross-entropy over the
-    scored positions (a batch without any gives 0, not NaN), under bf16 autocast on CUDA.
+    scored positions (a batch without any gives 0, not NaN), under bf16 autocast on CUDA unless
+    ``precision`` is ``"float32"`` (:mod:`srope.lab.tasks.numerics`).
     With ``scored`` (the flat indices of the positions that have targets) the head runs at
     those positions only: the same mean, without the other positions' logits."""
 
     def loss(x: torch.Tensor, y: torch.Tensor, scored: torch.Tensor | None = None) -> torch.Tensor:
         if scored is None:
-            with _autocast(device):
+            with autocast(device, precision):
                 logits = task_logits(model, x, vocab)
             return F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE, reduction="sum") / (y != IGNORE).sum().clamp(min=1)
-        with _autocast(device):
+        with autocast(device, precision):
             hidden = model.model(x).last_hidden_state.flatten(0, 1).index_select(0, scored)
             logits = model.lm_head(hidden)[:, :vocab]
         return F.cross_entropy(logits.float(), y.reshape(-1).index_select(0, scored), reduction="sum") / max(int(scored.numel()), 1)
@@ -178,11 +180,6 @@ def scored_positions(targets: np.ndarray, device: torch.device) -> torch.Tensor:
     nothing waits on the device)."""
     return torch.as_tensor(np.flatnonzero(targets.reshape(-1) != IGNORE), device=device)
 
-
-def _autocast(device: torch.device):
-    if device.type == "cuda":  # no weight-cast cache: the same casts, and a CUDA graph capture needs none
-        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
-    return torch.autocast(device.type, enabled=False)
 
 
 def _scalars(metrics: dict) -> dict:
@@ -210,15 +207,16 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
     model = model_factory(model_request(task, cfg, setting))
     if not isinstance(model, nn.Module):
         raise TypeError(f"model_factory must return an nn.Module, got {type(model).__name__}")
-    model.to(device)
+    numerics.initialise(model, cfg.init)
+    model = numerics.store(model, cfg.precision).to(device)
     if prepared.wrap_model is not None:
         model = prepared.wrap_model(model).to(device)
     vocab = setting.vocab_size
     at_targets = head_at_targets(cfg, task, model, device)
-    loss_of = task_loss(model, vocab, device)
+    loss_of = task_loss(model, vocab, device, cfg.precision)
 
     def predict_rows(x: torch.Tensor, targets: torch.Tensor | None):
-        with torch.no_grad(), _autocast(device):
+        with torch.no_grad(), autocast(device, cfg.precision):
             logits = task_logits(model, x.to(device), vocab)
         preds = logits.argmax(-1).cpu()
         if targets is None:
@@ -263,9 +261,8 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         step_fn = optimizer_step(model, optimizer, loss_of, grad_clip=cfg.grad_clip)
     stream = prepared.train
     per_epoch = stream.steps_per_epoch
-    total = per_epoch * cfg.epochs
-    for cap in (prepared.total_steps, cfg.max_steps):
-        total = total if cap is None else min(total, cap)
+    protocol_steps = per_epoch * cfg.epochs if prepared.total_steps is None else min(per_epoch * cfg.epochs, prepared.total_steps)
+    total = protocol_steps if cfg.max_steps is None else min(protocol_steps, cfg.max_steps)
     epochs = math.ceil(total / per_epoch)
     shuffle_rng = rng_for(seed, "shuffle", task, setting.name)
     history, best, last, lowest = [], None, None, None  # lowest: the eval of least test loss
@@ -413,7 +410,7 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         "score": chosen["score"], "metrics": {k: v for k, v in chosen.items() if k != "step"}, "reported_step": chosen.get("step"),
         "final": _scalars(last), "best": _scalars(best),
         **({"min_loss": _scalars(lowest)} if lowest is not None else {}),
-        "steps": step, "planned_steps": total, "epochs": len(history), "stopped": stopped, "diverged": diverged, "head_at_targets": at_targets,
+        "steps": step, "planned_steps": total, "protocol_steps": protocol_steps, "epochs": len(history), "stopped": stopped, "diverged": diverged, "head_at_targets": at_targets,
         "graph_steps": graph_steps(),
         "parameters": sum(p.numel() for p in model.parameters()), "weights_sha256": weights_digest(model),
         "seconds": round(seconds_before + time.perf_counter() - start, 3), "eval_seconds": round(eval_seconds, 3), "history": history,
@@ -504,6 +501,7 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
                 results = {
                     "task": task, "preset": preset_name, "label": label or default_label(cfg), "mixer": cfg.mixer, "position_type": cfg.position_type,
                     "overrides": {k: str(v) for k, v in (overrides or {}).items()}, "config": cfg.to_dict(),
+                    "release_differences": release.differences(module, preset_name, cfg),
                     "settings": [dataclasses.asdict(s) for s in module.settings(cfg)], **provenance.environment(dev), "complete": False, "runs": [], "provenance": [],
                 }  # fmt: skip
                 if jobs > 1:

@@ -16,9 +16,12 @@ sequences with every position right (BOS included); the per-length curve
 right, so the curve at the training length is the sequence accuracy on fresh
 training-length sequences.
 
-Presets: ``authors`` (default; the released sweep: group S2, 1-layer GLA d384 12 heads with a
+Presets: ``release`` (default; the released sweep: group S2, 1-layer GLA d384 12 heads with a
 short conv, lr 5e-4, batch 1024, seeds 0-4, Selective RoPE with uniform temperature 1, bias
-on, gate off) and ``paper`` (Table 6: batch 4096, lr 1e-3, seeds 555-999). Both: 2,000,000
+on, gate off; the release's initialisation, pure-bf16 weights and vocabulary),
+``release_attention`` (the same on the released 1-layer Transformer), ``authors`` (the
+released sweep with srope's initialisation and float32 weights under bf16 autocast) and
+``paper`` (Table 6: batch 4096, lr 1e-3, seeds 555-999). Both: 2,000,000
 train sequences of length 128, 500,000 eval sequences of length 512 (the authors do not
 state their set sizes), AdamW (0.9, 0.999) with weight decay 1e-6, cosine over all steps, no
 clipping, 100 epochs, evaluation every epoch, stop once the best eval sequence accuracy
@@ -64,6 +67,7 @@ class StateTrackingPreset(TaskConfig):
     train_size: int = 2_000_000
     eval_size: int = 500_000
     distinct: bool = True  # distinct sequences within a split, as the authors' generator draws
+    unused_tokens: int = 0  # vocabulary entries never used (the release's tokenizer has 7 specials, we use 2)
     data_seed: int = 0
     lrs: tuple[float, ...] = (5e-4,)
     weight_decays: tuple[float, ...] = (1e-6,)
@@ -105,7 +109,16 @@ CPU = StateTrackingPreset(
     position={"rope": {"theta": 500000.0}, "selective_rope": dict(_CPU_SELECTIVE_ROPE)},
 )
 
+# ``release`` / ``release_attention``: the released sweep (``configs/state_tracking``) on GLA and
+# on the Transformer (``model=attn``), field by field as docs/release-presets.md cites it: what
+# ``authors`` has, plus the release's initialisation (N(0, 0.02) for every linear map and conv),
+# its pure-bf16 weights and its 9-entry vocabulary. The set sizes are not released (ours).
+_RELEASE = dict(init="release", precision="bf16", unused_tokens=5)
 PRESETS = {
+    "release": StateTrackingPreset(**_RELEASE),
+    "release_attention": StateTrackingPreset(
+        **_RELEASE, mixer="attention", model={"hidden_size": 384, "num_hidden_layers": 1, "num_heads": 12, "qk_norm": False},
+    ),
     "authors": StateTrackingPreset(),
     "paper": StateTrackingPreset(lrs=(1e-3,), batch_size=4096, seeds=(555, 666, 777, 888, 999)),
     "paper_a3": StateTrackingPreset(
@@ -114,7 +127,10 @@ PRESETS = {
     ),
     "cpu": CPU,
 }
-DEFAULT_PRESET = "authors"
+DEFAULT_PRESET = "release"
+RELEASE_PRESETS = ("release", "release_attention")
+# The released sweep's axes: the encoding, the seeds, the learning rates of its grid comment.
+RELEASE_VARIES = {"position_type": None, "seeds": None, "lrs": (1e-2, 1e-3, 5e-4, 1e-4)}
 
 
 def vocab_size(group: Group) -> int:
@@ -188,7 +204,7 @@ def sequence_accuracy(preds: torch.Tensor, targets: torch.Tensor) -> float:
 
 def settings(preset: StateTrackingPreset) -> list[Setting]:
     group = get_group(preset.group)
-    return [Setting(name=preset.group, group=preset.group, vocab_size=vocab_size(group), max_len=max(preset.train_len, preset.eval_len) + 1,
+    return [Setting(name=preset.group, group=preset.group, vocab_size=vocab_size(group) + preset.unused_tokens, max_len=max(preset.train_len, preset.eval_len) + 1,
                     params={"group": preset.group, "train_len": preset.train_len, "eval_len": preset.eval_len})]
 
 
@@ -197,6 +213,8 @@ def check(preset: StateTrackingPreset) -> None:
     get_group(preset.group)
     if preset.train_len < 1 or preset.eval_len < 1 or preset.train_size < 1 or preset.eval_size < 1:
         raise ValueError("train_len, eval_len, train_size and eval_size must be >= 1")
+    if not isinstance(preset.unused_tokens, int) or preset.unused_tokens < 0:
+        raise ValueError(f"unused_tokens must be an integer >= 0, got {preset.unused_tokens!r}")
 
 
 def datasets(preset: StateTrackingPreset, cache_dir: Path | str | None) -> dict[str, np.ndarray]:
