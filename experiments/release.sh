@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The release-exact presets on the GPU (carry .whl and .tcache; SROPE_COMMIT names the commit).
+#   bash experiments/release.sh start     a few captured steps of every release preset (their
+#                                         speed and that they run), then MQAR 512x64 with Zoology's
+#                                         model started detached: NoPE, RoPE and Selective RoPE at
+#                                         width MQAR_WIDTH, one learning rate of MQAR_LRS after the other
+#   bash experiments/release.sh collect   waits for the detached runs while the call lasts (CALL_S),
+#                                         then packs every results.json and log into $OUT/release.tgz
+# Detached runs live while the machine is warm: queue each collect as soon as the last returns.
+set -u
+END=$(($(date +%s) + ${CALL_S:-560}))
+source benchmarks/device-env.sh
+export SROPE_AUTOTUNE=first TQDM_MININTERVAL=60  # no minutes of fla autotuning per new width
+synth() { python3 -m srope synth "$@" --set cuda_graph=on --no-progress; }
+smoke() {
+  mkdir -p out/release/smoke
+  while read -r name args; do
+    # shellcheck disable=SC2086
+    synth $args --set max_steps=40 --set seeds=0 --out "out/release/smoke/$name" > "out/release/smoke/$name.log" 2>&1
+    python3 - "out/release/smoke/$name" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1] + "/results.json"))["runs"][0]
+print(f"{sys.argv[1]}: {r['steps']} steps ({r['graph_steps']} captured) in {r['seconds']:.1f} s, eval {r['eval_seconds']:.1f} s, score {r['score']:.4f}")
+PY
+  done <<'LIST'
+st-release state_tracking --preset release --set train_size=40960 --set eval_size=2048
+st-release-attention state_tracking --preset release_attention --set train_size=40960 --set eval_size=2048
+copying-release-gate-bias copying --preset release --set eval_lengths=2-80 --set eval_examples=64 --set position.gate=standard --set position.bias=true
+mqar-release mqar --preset release --set configs=512x64 --set d_models=128 --set lrs=0.01 --set test_examples=512
+LIST
+}
+mqar_chain() {  # one learning rate at a time, its three encodings at once, each to the protocol's end or the budget
+  for lr in ${MQAR_LRS:-0.002154434690031882 0.01}; do
+    for pe in nope rope selective_rope; do
+      synth mqar --preset release --position "$pe" --set configs=512x64 --set d_models="${MQAR_WIDTH:-128}" --set lrs="$lr" \
+        --set max_seconds="${MQAR_SECONDS:-700}" --out "out/release/mqar-d${MQAR_WIDTH:-128}-lr$lr-$pe" > "out/release/mqar-d${MQAR_WIDTH:-128}-lr$lr-$pe.log" 2>&1 &
+    done
+    wait
+  done
+}
+case "$1" in
+  start)
+    python3 -c "import torch, triton; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
+    smoke
+    mkdir -p out/gpu
+    (declare -f synth mqar_chain; echo mqar_chain) | setsid nohup bash > out/gpu/release-chain.log 2>&1 < /dev/null &
+    echo $! > out/gpu/release-chain.pid ;;&
+  start|collect)
+    while kill -0 "$(cat out/gpu/release-chain.pid)" 2>/dev/null && [ $((END - $(date +%s))) -gt 25 ]; do sleep 10; done
+    for f in out/release/mqar-*.log; do echo "$f: $(tail -c 300 "$f" | tr '\r' '\n' | tail -n 1)"; done
+    tar czf "$R/release.tgz" --exclude=checkpoints --exclude='*.safetensors' -C out release gpu/release-chain.log; ls -la "$R" ;;
+esac
