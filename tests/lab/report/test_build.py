@@ -335,3 +335,65 @@ def test_state_tracking_counts_seeds_that_learn_and_that_come_close(tmp_path):
     assert "| seeds >= 0.99 / >= 0.9 @ 128 |" in header
     row = next(line for line in lines if line.startswith("| gla/selective_rope ("))
     assert "| 65.0 ± 56.3 |" in row and "| 1 / 2 of 3 |" in row
+
+
+def _verdicts(tmp_path, family: str) -> list[tuple]:
+    from srope.lab.report.write import write_report
+
+    return write_report([tmp_path], tmp_path / "report", plots=False)["verdicts"][family]
+
+
+def _mqar(tmp_path, accs: dict[str, tuple[float, float]], **synth_kwargs) -> None:
+    from .conftest import _write, head, run, synth
+
+    cfg = {"vocab": 8192, "train_examples": 100_000, "epochs": 64, "batch_size": 0, "lrs": [1e-3], "model": {"num_hidden_layers": 2}}
+    for position, pair in accs.items():
+        runs = [run(f"T512-kv64-d{d}", 123, acc, planned=500) for d, acc in zip((64, 128), pair)]
+        settings = [{"name": f"T512-kv64-d{d}", "params": {"seq_len": 512, "kv_pairs": 64}, "max_len": 512} for d in (64, 128)]
+        _write(tmp_path / f"mqar-{position}/results.json", synth("mqar", position, runs, cfg, settings, head(), **synth_kwargs))
+
+
+def test_mqar_is_inconclusive_when_no_encoding_learns_the_setting(tmp_path):
+    """At chance everywhere the base model cannot order the encodings: the rule says so instead
+    of "not reproduced" (the full-protocol 512x64 runs at width 64 were exactly this)."""
+    _mqar(tmp_path, {"nope": (0.0002, 0.0003), "rope": (0.0006, 0.0004), "selective_rope": (0.0006, 0.0005)})
+    [(_, _, status, why)] = _verdicts(tmp_path, "mqar")
+    assert status == "inconclusive" and "no encoding learns sequence 512 / 64 KV pairs" in why and "best 0.1%" in why
+
+
+def test_mqar_learning_arm_makes_a_valid_test(tmp_path):
+    _mqar(tmp_path, {"nope": (0.2, 0.6), "rope": (0.3, 0.7), "selective_rope": (0.25, 0.65)})
+    [(_, _, status, why)] = _verdicts(tmp_path, "mqar")
+    assert status == "not reproduced" and "Selective RoPE" in why
+
+
+def test_a_run_of_another_preset_or_off_the_release_or_short_is_inconclusive(tmp_path):
+    from .conftest import _write, head, run, synth
+
+    _mqar(tmp_path / "other", {"nope": (0.2, 0.6), "rope": (0.3, 0.7), "selective_rope": (0.25, 0.65)}, release_differences=None)
+    [(_, _, status, why)] = _verdicts(tmp_path / "other", "mqar")
+    assert status == "inconclusive" and "did not run a release-exact preset" in why
+    _mqar(tmp_path / "left", {"nope": (0.2, 0.6), "rope": (0.3, 0.7), "selective_rope": (0.25, 0.65)}, release_differences=["init: 'model' -> 'release'"])
+    [(_, _, status, why)] = _verdicts(tmp_path / "left", "mqar")
+    assert status == "inconclusive" and "leaves the released configuration (init: 'model' -> 'release')" in why
+
+    cfg = {"group": "S2", "train_len": 128, "eval_len": 512, "train_size": 2_000_000, "epochs": 100, "batch_size": 1024, "lrs": [5e-4],
+           "model": {"hidden_size": 384, "num_hidden_layers": 1, "num_heads": 12}}
+    settings = [{"name": "S2", "params": {}, "max_len": 129}]
+    for position, train in (("nope", 0.0), ("rope", 0.0), ("selective_rope", 0.2)):
+        short = {**run("S2", 0, 0.0, {"seq_acc_at_train_len": train}, planned=1000), "protocol_steps": 195_400}
+        _write(tmp_path / f"st/st-{position}/results.json", synth("state_tracking", position, [short], cfg, settings, head()))
+    [(_, _, status, why)] = [v for v in _verdicts(tmp_path / "st", "state_tracking") if v[1]]
+    assert status == "inconclusive" and "trained 0.51% of the protocol's steps (a valid test trains at least 10%)" in why
+
+
+def test_copying_is_inconclusive_when_an_arm_does_not_fit_the_training_lengths(tmp_path):
+    from .conftest import _write, copying_runs, head, synth
+
+    cfg = {"steps": 5000, "batch_size": 256, "min_len": 2, "max_len": 64, "eval_lengths": "2-511", "model": {"hidden_size": 512}}
+    settings = [{"name": "copy", "params": {}, "max_len": 420}]
+    for position, acc, fits in (("nope", 0.0, 0.3), ("rope", 0.0, 0.99), ("selective_rope", 0.02, 0.99)):
+        runs = [{**r, "metrics": {**r["metrics"], "str_acc_train_range": fits}} for r in copying_runs((acc,))]
+        _write(tmp_path / f"copy-{position}/results.json", synth("copying", position, runs, cfg, settings, head()))
+    [(_, _, status, why)] = _verdicts(tmp_path, "copying")
+    assert status == "inconclusive" and "not every arm fits the training lengths (string accuracy there: NoPE 30.0%" in why
