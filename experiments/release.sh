@@ -2,7 +2,7 @@
 # The release-exact presets on the GPU (carry .whl and .tcache; SROPE_COMMIT names the commit).
 #   bash experiments/release.sh start     a few captured steps of every release preset (their
 #                                         speed and that they run), then MQAR 512x64 with Zoology's
-#                                         model started detached: NoPE, RoPE and Selective RoPE at
+#                                         model started detached: Selective RoPE, NoPE and RoPE at
 #                                         width MQAR_WIDTH, one learning rate of MQAR_LRS after the other
 #   bash experiments/release.sh collect   waits for the detached runs while the call lasts (CALL_S),
 #                                         then packs every results.json and log into $OUT/release.tgz
@@ -29,11 +29,16 @@ copying-release-gate-bias copying --preset release --set eval_lengths=2-80 --set
 mqar-release mqar --preset release --set configs=512x64 --set d_models=128 --set lrs=0.01 --set test_examples=512
 LIST
 }
-mqar_chain() {  # one learning rate at a time, its three encodings at once, each to the protocol's end or the budget
-  for lr in ${MQAR_LRS:-0.002154434690031882 0.01}; do
-    for pe in nope rope selective_rope; do
+# One learning rate at a time; its encodings one after the other (MQAR_AT_ONCE=1: at once; the GPU
+# is the bottleneck either way, and one after the other a run that learns stops early and ends
+# complete), each to the protocol's end (early stopping at 0.99) or MQAR_SECONDS.
+mqar_chain() {
+  for lr in ${MQAR_LRS:-0.002154434690031882}; do
+    for pe in ${MQAR_ORDER:-selective_rope nope rope}; do
+      name="mqar-d${MQAR_WIDTH:-128}-lr$lr-$pe"
       synth mqar --preset release --position "$pe" --set configs=512x64 --set d_models="${MQAR_WIDTH:-128}" --set lrs="$lr" \
-        --set max_seconds="${MQAR_SECONDS:-700}" --out "out/release/mqar-d${MQAR_WIDTH:-128}-lr$lr-$pe" > "out/release/mqar-d${MQAR_WIDTH:-128}-lr$lr-$pe.log" 2>&1 &
+        --set max_seconds="${MQAR_SECONDS:-700}" --out "out/release/$name" > "out/release/$name.log" 2>&1 &
+      [ "${MQAR_AT_ONCE:-0}" = 1 ] || wait
     done
     wait
   done
