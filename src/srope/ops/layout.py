@@ -87,7 +87,9 @@ class RowLayout:
             rows = x[0][self.index]
         else:
             rows = x.gather(1, self.order.view(*self.order.shape, *([1] * (x.dim() - 2))).expand_as(x))
-        return rows * self.valid.view(*self.valid.shape, *([1] * (x.dim() - 2)))
+        # a select, not a product with the mask: it keeps NaN/inf out of the padding, and inductor's
+        # CPU code computed the product's gradient wrong for a packed gated delta rule's decay
+        return torch.where(self.valid.view(*self.valid.shape, *([1] * (x.dim() - 2))), rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
 
     def take(self, x: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
         """``rows[n, steps[n, s]]`` as ``[N, S, ...]`` without building every row
@@ -103,6 +105,6 @@ class RowLayout:
             return rows
         if self.index is not None:
             return rows[self.seq, self.step][None]
-        rows = rows * self.valid.view(*self.valid.shape, *([1] * (rows.dim() - 2)))
+        rows = torch.where(self.valid.view(*self.valid.shape, *([1] * (rows.dim() - 2))), rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
         index = self.order.view(*self.order.shape, *([1] * (rows.dim() - 2))).expand_as(rows)
         return torch.zeros_like(rows).scatter(1, index, rows)
