@@ -13,8 +13,9 @@ Verdicts: each protocol group (runs that share a protocol) gets one line, "repro
 states for the experiment. A verdict is only as good as its test: the copying, MQAR and
 state-tracking rules first check that the runs are a valid test (:data:`VALIDITY`: the released
 configuration, enough of the protocol's steps, and for copying and MQAR a baseline that learns
-where the paper's does) and say "inconclusive" with the reason when they are not. "A beats B" means A's mean exceeds B's by more than the larger of the two seed
-sds and :data:`MARGIN`; with one seed the spread is unknown, and the verdict says so.
+where the paper's does) and say "inconclusive" with the reason when they are not. "A beats B"
+means A's mean exceeds B's by more than the larger of the two seed sds and :data:`MARGIN`; with
+one seed the spread is unknown, and the verdict says so.
 """
 
 from __future__ import annotations
