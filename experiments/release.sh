@@ -22,11 +22,15 @@ import json, sys
 r = json.load(open(sys.argv[1] + "/results.json"))["runs"][0]
 print(f"{sys.argv[1]}: {r['steps']} steps ({r['graph_steps']} captured) in {r['seconds']:.1f} s, eval {r['eval_seconds']:.1f} s, score {r['score']:.4f}")
 PY
-  done <<'LIST'
+  done <<LIST
+$(grep -E "${SMOKE_ONLY:-.}" <<'ALL'
 st-release state_tracking --preset release --set train_size=40960 --set eval_size=2048
 st-release-attention state_tracking --preset release_attention --set train_size=40960 --set eval_size=2048
+copying-release copying --preset release --set eval_lengths=2-80 --set eval_examples=64
 copying-release-gate-bias copying --preset release --set eval_lengths=2-80 --set eval_examples=64 --set position.gate=standard --set position.bias=true
 mqar-release mqar --preset release --set configs=512x64 --set d_models=128 --set lrs=0.01 --set test_examples=512
+ALL
+)
 LIST
 }
 # One learning rate at a time; its encodings one after the other (MQAR_AT_ONCE=1: at once; the GPU
@@ -48,7 +52,8 @@ case "$1" in
     python3 -c "import torch, triton; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
     smoke
     mkdir -p out/gpu
-    (declare -f synth mqar_chain; echo mqar_chain) | setsid nohup bash > out/gpu/release-chain.log 2>&1 < /dev/null &
+    { declare -f synth mqar_chain; echo mqar_chain; } > out/gpu/release-chain.sh
+    setsid nohup bash out/gpu/release-chain.sh > out/gpu/release-chain.log 2>&1 < /dev/null &
     echo $! > out/gpu/release-chain.pid ;;&
   start|collect)
     while kill -0 "$(cat out/gpu/release-chain.pid)" 2>/dev/null && [ $((END - $(date +%s))) -gt 25 ]; do sleep 10; done

@@ -527,3 +527,13 @@ def test_host_layers_under_autocast_match_the_base_route(monkeypatch, host, batc
     monkeypatch.setattr(SelectiveRoPE, "shared_cast", lambda self, t: (None, None))
     base = run()
     assert torch.equal(shared[0], base[0]) and rel_err(shared[1], base[1]) < 2e-4
+
+
+def test_the_first_difference_makes_its_taps_on_the_device():
+    """Made there, not copied from the host: a CUDA graph cannot capture a host-to-device copy
+    (the captured copying step with ``skip_conv`` failed that way)."""
+    from srope.modules.conv import FirstDifference
+
+    taps = FirstDifference(3).kernel(torch.device("meta"))
+    assert taps.device.type == "meta" and taps.shape == (3, 2)
+    assert FirstDifference(3).kernel().tolist() == [[-1.0, 1.0]] * 3

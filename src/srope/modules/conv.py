@@ -43,8 +43,9 @@ class ShortConvolution(nn.Module):
             bound = 1.0 / math.sqrt(self.kernel_size)
             nn.init.uniform_(self.bias, -bound, bound)
 
-    def kernel(self) -> torch.Tensor:
-        """The ``[C, W]`` taps, the current token last."""
+    def kernel(self, device: torch.device | None = None) -> torch.Tensor:
+        """The ``[C, W]`` taps, the current token last (on the weight's device; ``device`` is
+        for taps that have no weight)."""
         return self.weight[:, 0]
 
     @property
@@ -59,7 +60,7 @@ class ShortConvolution(nn.Module):
         leaves the activation to the caller."""
         activation = self.activation if activate else None
         choice = "torch" if srope_backend.get() == "torch" else self.backend
-        return short_conv(x, self.kernel(), layout, state, self.bias, activation, choice, want_state=want_state)
+        return short_conv(x, self.kernel(x.device), layout, state, self.bias, activation, choice, want_state=want_state)
 
     def extra_repr(self) -> str:
         return f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}"
@@ -76,8 +77,9 @@ class FirstDifference(ShortConvolution):
         super().__init__(channels, kernel_size=2, activation=activation)
         del self.weight
 
-    def kernel(self) -> torch.Tensor:
-        return torch.tensor([-1.0, 1.0]).expand(self.channels, 2)
+    def kernel(self, device: torch.device | None = None) -> torch.Tensor:
+        # made on the device, not copied from the host: a CUDA graph cannot capture that copy
+        return (torch.arange(2, device=device, dtype=torch.float32) * 2 - 1).expand(self.channels, 2)
 
     def reset_parameters(self) -> None:
         pass

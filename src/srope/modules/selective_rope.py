@@ -325,7 +325,7 @@ class SelectiveRoPE(PositionEncoding):
                 e = None if self.bias is None else torch.exp(self.bias.to(u.dtype))
                 gate_bias, shares = self.gate.bias.to(u.dtype), parts[1].flatten(0, -3)
                 if layout.identity and conv_state is None:  # whole rows from their start: the conv in the gate's kernels
-                    weight = self.conv.kernel().to(device=u.device, dtype=u.dtype)
+                    weight = self.conv.kernel(u.device).to(dtype=u.dtype)
                     conv_bias = None if self.conv.bias is None else self.conv.bias.to(u.dtype)
                     phi = conv_head_gate(u, weight, conv_bias, shares, gate_bias, e, self.conv.activation)
                     conv_state = last_inputs(u, layout, self.conv.kernel_size, None) if want_state else None
@@ -367,7 +367,7 @@ class SelectiveRoPE(PositionEncoding):
                 inputs, dtype = dict(gate=gate), u.dtype
         temperature = self.temperature(compute_dtype(q.dtype, dtype), q.device)
         q, k, conv, phase = selective_rope_decode_step(
-            q, k, u, state.conv, self.conv.kernel().to(q.device), state.phase, temperature,
+            q, k, u, state.conv, self.conv.kernel(q.device), state.phase, temperature,
             conv_bias=self.conv.bias, activation=self.conv.activation, bias=self.bias, **inputs,
         )
         return q, k, SelectiveRoPEState(conv, phase)
