@@ -42,19 +42,25 @@ def causal_conv(
     """
     count, length, channels = rows.shape
     width = weight.shape[-1]
+    taps = weight.to(device=rows.device, dtype=rows.dtype)
+    # Time-major shifted sums rather than conv1d on [N, C, L]: the same numbers, and inductor
+    # (torch 2.11-2.13, CPU) compiled the transposed conv1d route's gradients wrong in packed
+    # two-layer models (tests/models/test_compile.py runs them under inductor).
     if state is None:
-        state = rows.new_zeros(count, channels, width - 1)
-    history = torch.cat([state.to(rows.dtype), rows.transpose(1, 2)], dim=2)  # [N, C, W-1+L]
-    if length == 0:  # conv1d refuses an input shorter than its kernel
-        out = rows.new_empty(count, 0, channels)
+        history = F.pad(rows, (0, 0, width - 1, 0))  # [N, W-1+L, C]
     else:
-        out = F.conv1d(history, weight[:, None, :].to(device=rows.device, dtype=rows.dtype), None if bias is None else bias.to(rows.dtype), groups=channels).transpose(1, 2)
+        history = torch.cat([state.to(rows.dtype).transpose(1, 2), rows], dim=1)
+    out = history[:, width - 1 :] * taps[:, width - 1]
+    for j in range(width - 1):
+        out = out + history[:, j : j + length] * taps[:, j]
+    if bias is not None:
+        out = out + bias.to(rows.dtype)
     if lengths is None:
-        final = history[:, :, history.shape[2] - (width - 1) :]
+        final = history[:, history.shape[1] - (width - 1) :]
     else:
-        take = lengths.view(count, 1, 1).to(torch.long) + torch.arange(width - 1, device=rows.device)
-        final = history.gather(2, take.expand(count, channels, width - 1))
-    return out, final
+        take = lengths.view(count, 1, 1).to(torch.long) + torch.arange(width - 1, device=rows.device).view(1, -1, 1)
+        final = history.gather(1, take.expand(count, width - 1, channels))
+    return out, final.transpose(1, 2)
 
 
 def last_inputs(x: torch.Tensor, layout: RowLayout, width: int, state: torch.Tensor | None) -> torch.Tensor:
