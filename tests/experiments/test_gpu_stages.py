@@ -80,7 +80,8 @@ def test_a_run_that_cannot_finish_its_schedule_is_not_begun(tmp_path):
     """NEED_S: with 600 s in the call, a run that needs 1,000 is neither warmed nor started."""
     assert run_stage(tmp_path, "state-tracking", ST_SET="--set max_steps=1000", NEED_S="1000") == []
     calls = run_stage(tmp_path / "enough", "state-tracking", ST_SET="--set max_steps=1000", NEED_S="300", SYNTH_ONLY="st-deltanet-a3-(nope|srope)")
-    assert [c[c.index("--out") + 1] for c in calls] == ["out/warm/st-deltanet-a3-nope", "out/synth/st-deltanet-a3-nope", "out/synth/st-deltanet-a3-srope"]
+    outs = [c[c.index("--out") + 1] for c in calls]  # the warm-up first, then the runs it started at once
+    assert outs[0] == "out/warm/st-deltanet-a3-nope" and sorted(outs[1:]) == ["out/synth/st-deltanet-a3-nope", "out/synth/st-deltanet-a3-srope"]
 
 
 def test_a_run_alone_is_not_warmed_even_where_its_line_is_marked(tmp_path):
@@ -93,7 +94,8 @@ def test_a_run_alone_is_not_warmed_even_where_its_line_is_marked(tmp_path):
 def test_the_first_of_several_runs_warms_the_caches_where_the_marked_line_is_left_out(tmp_path):
     calls = run_stage(tmp_path, "copying", SYNTH_ONLY="copying-(srope|srope-gate-bias)")
     outs = [c[c.index("--out") + 1] for c in calls]
-    assert outs == ["out/warm/copying-srope", "out/synth/copying-srope", "out/synth/copying-srope-gate-bias"]
+    # the warm-up first; the runs after it start at once, so their order is the scheduler's
+    assert outs[0] == "out/warm/copying-srope" and sorted(outs[1:]) == ["out/synth/copying-srope", "out/synth/copying-srope-gate-bias"]
     assert option(calls[0], "max_steps") == "1" and "selective_rope" in calls[0]
-    assert [c[c.index("--out") + 1] for c in run_stage(tmp_path / "off", "copying", SYNTH_ONLY="copying-(srope|rope)", WARM="0")] == [
+    assert sorted(c[c.index("--out") + 1] for c in run_stage(tmp_path / "off", "copying", SYNTH_ONLY="copying-(srope|rope)", WARM="0")) == [
         "out/synth/copying-rope", "out/synth/copying-srope"]
