@@ -2,7 +2,7 @@
 would make the paper's protocols cheaper.
 
 For each configuration, the model ``srope synth`` builds for it, one batch of the task's real
-shape drawn by the task itself, and the runner's step (bf16 autocast on CUDA, cross-entropy
+shape drawn by the task itself, and the runner's step (the preset's initialisation and precision, cross-entropy
 over the vocabulary, AdamW): the batch's host time, the step's wall time (median of
 ``--steps``, synchronised), with the head at the scored positions only (``--set
 head_at_targets=on``), on CUDA also as a CUDA graph (``--set cuda_graph=on``) with and
@@ -29,6 +29,7 @@ from srope.lab.graphed import graphed_optimizer_step
 from srope.lab.loop import optimizer_step
 from srope.layers.common import RMSNorm
 from srope.models.modeling import SwiGLU
+from srope.lab.tasks import numerics
 from srope.lab.tasks.common import rng_for
 from srope.lab.tasks.runner import get_task, model_request, resolve_preset, scored_positions, task_loss
 
@@ -40,6 +41,11 @@ CONFIGS = {  # name: (task, preset, overrides), as experiments/gpu.sh runs them
     "st-gla-s2-authors-srope": ("state_tracking", "authors", {"position_type": "selective_rope"}),
     "mqar-512x64-d64-srope": ("mqar", "zoology", {"configs": "512x64", "d_models": "64", "position_type": "selective_rope"}),
     "mqar-512x64-d512-srope": ("mqar", "zoology", {"configs": "512x64", "d_models": "512", "position_type": "selective_rope"}),
+    "mqar-release-512x64-d64-nope": ("mqar", "release", {"configs": "512x64", "d_models": "64", "position_type": "nope"}),
+    "mqar-release-512x64-d64-srope": ("mqar", "release", {"configs": "512x64", "d_models": "64", "position_type": "selective_rope"}),
+    "mqar-release-512x64-d128-srope": ("mqar", "release", {"configs": "512x64", "d_models": "128", "position_type": "selective_rope"}),
+    "copying-release-gate-bias": ("copying", "release", {"position.gate": "standard", "position.bias": "true"}),
+    "st-gla-s2-release-srope": ("state_tracking", "release", {"position_type": "selective_rope"}),
     "mad-recall-srope": ("mad", "paper", {"only": "in-context-recall/baseline", "position_type": "selective_rope"}),
     "mad-copying-srope": ("mad", "paper", {"only": "selective-copying/baseline", "position_type": "selective_rope"}),
 }
@@ -62,7 +68,9 @@ def median_ms(step, steps: int, device: torch.device, warmup: int = 2) -> float:
     return round(float(np.median(times)), 2)
 
 
-def step_profile(task: str, preset: str, overrides: dict, device: torch.device, steps: int, batch: int | None, pieces: str) -> dict:
+def build_step(task: str, preset: str, overrides: dict, device: torch.device, batch: int | None, pieces: str = "auto"):
+    """The model, optimiser, loss and one real batch of a configuration, as the runner builds
+    them; also the batch's host milliseconds."""
     if batch:
         overrides = {**overrides, "batch_size": batch}
     if task in SMALL_TRAIN_SET:
@@ -76,17 +84,21 @@ def step_profile(task: str, preset: str, overrides: dict, device: torch.device, 
     x_np, y_np = next(iter(prepared.train.epoch(0, rng)))
     host_ms = (time.perf_counter() - start) * 1e3
     torch.manual_seed(0)
-    model = srope_model_factory(model_request(task, cfg, setting)).to(device)
+    model = srope_model_factory(model_request(task, cfg, setting))
+    numerics.initialise(model, cfg.init)
+    model = numerics.store(model, cfg.precision).to(device)
     for part in model.modules():
         if isinstance(part, (RMSNorm, SwiGLU)):
             part.backend = pieces
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if device.type == "cuda" else None)  # as the runner
     x, y = torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
-    vocab = setting.vocab_size
+    loss = task_loss(model, setting.vocab_size, device, cfg.precision)
+    return model, optimizer, loss, x, y, scored_positions(y_np, device), host_ms
 
-    loss = task_loss(model, vocab, device)
+
+def step_profile(task: str, preset: str, overrides: dict, device: torch.device, steps: int, batch: int | None, pieces: str) -> dict:
+    model, optimizer, loss, x, y, scored, host_ms = build_step(task, preset, overrides, device, batch, pieces)
     eager = optimizer_step(model, optimizer, loss)
-    scored = scored_positions(y_np, device)
 
     def step():
         eager(0, 1e-4, x, y)

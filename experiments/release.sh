@@ -4,6 +4,7 @@
 #                                         speed and that they run), then MQAR 512x64 with Zoology's
 #                                         model started detached: Selective RoPE, NoPE and RoPE at
 #                                         width MQAR_WIDTH, one learning rate of MQAR_LRS after the other
+#                                         (PROBE=1: profile and concurrency probes first)
 #   bash experiments/release.sh collect   waits for the detached runs while the call lasts (CALL_S),
 #                                         then packs every results.json and log into $OUT/release.tgz
 # Detached runs live while the machine is warm: queue each collect as soon as the last returns.
@@ -33,24 +34,36 @@ ALL
 )
 LIST
 }
-# One learning rate at a time; its encodings one after the other (MQAR_AT_ONCE=1: at once; the GPU
-# is the bottleneck either way, and one after the other a run that learns stops early and ends
-# complete), each to the protocol's end (early stopping at 0.99) or MQAR_SECONDS.
+# One learning rate at a time; its encodings one after the other (MQAR_AT_ONCE=1: at once;
+# MQAR_AT_ONCE=all: every run at once, worth it under MPS), each to the protocol's end (early
+# stopping at 0.99) or MQAR_SECONDS.
 mqar_chain() {
   for lr in ${MQAR_LRS:-0.002154434690031882}; do
     for pe in ${MQAR_ORDER:-selective_rope nope rope}; do
       name="mqar-d${MQAR_WIDTH:-128}-lr$lr-$pe"
       synth mqar --preset release --position "$pe" --set configs=512x64 --set d_models="${MQAR_WIDTH:-128}" --set lrs="$lr" \
         --set max_seconds="${MQAR_SECONDS:-700}" --out "out/release/$name" > "out/release/$name.log" 2>&1 &
-      [ "${MQAR_AT_ONCE:-0}" = 1 ] || wait
+      [ "${MQAR_AT_ONCE:-0}" = 0 ] && wait
     done
-    wait
+    [ "${MQAR_AT_ONCE:-0}" = all ] || wait
   done
+  wait
+}
+# PROBE=1: before the chain, where MQAR's step spends its time and how many steps 1 and 3 runs
+# at once make, time-sliced and under the MPS daemon (which stays on for the chain when MPS=1).
+probe() {
+  python3 benchmarks/profile_synth.py --only mqar-release-512x64-d64-srope mqar-release-512x64-d128-srope --pieces auto --steps 20 \
+    --out "$R/profile-mqar.json" 2>&1 | grep -v Warning
+  python3 benchmarks/bench_concurrent.py --only mqar-release-512x64-d64-srope --processes 1 3 --out "$R/concurrent-timesliced.json"
+  nvidia-cuda-mps-control -d && echo "MPS daemon started" || return 0
+  python3 benchmarks/bench_concurrent.py --only mqar-release-512x64-d64-srope --processes 3 6 --out "$R/concurrent-mps.json"
+  [ "${MPS:-0}" = 1 ] || { echo quit | nvidia-cuda-mps-control; }
 }
 case "$1" in
   start)
     python3 -c "import torch, triton; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
     smoke
+    [ "${PROBE:-0}" = 1 ] && probe
     mkdir -p out/gpu
     { declare -f synth mqar_chain; echo mqar_chain; } > out/gpu/release-chain.sh
     setsid nohup bash out/gpu/release-chain.sh > out/gpu/release-chain.log 2>&1 < /dev/null &
