@@ -16,6 +16,7 @@ synth() { python3 -m srope synth "$@" --set cuda_graph=on --no-progress; }
 smoke() {
   mkdir -p out/release/smoke
   while read -r name args; do
+    [ -n "$name" ] || continue  # SMOKE_ONLY matched none
     # shellcheck disable=SC2086
     synth $args --set max_steps=40 --set seeds=0 --out "out/release/smoke/$name" > "out/release/smoke/$name.log" 2>&1
     python3 - "out/release/smoke/$name" <<'PY'
@@ -55,15 +56,17 @@ probe() {
   python3 benchmarks/profile_synth.py --only mqar-release-512x64-d64-srope mqar-release-512x64-d128-srope --pieces auto --steps 20 \
     --out "$R/profile-mqar.json" 2>&1 | grep -v Warning
   python3 benchmarks/bench_concurrent.py --only mqar-release-512x64-d64-srope --processes 1 3 --out "$R/concurrent-timesliced.json"
-  nvidia-cuda-mps-control -d && echo "MPS daemon started" || return 0
-  python3 benchmarks/bench_concurrent.py --only mqar-release-512x64-d64-srope --processes 3 6 --out "$R/concurrent-mps.json"
+  mps_on && python3 benchmarks/bench_concurrent.py --only mqar-release-512x64-d64-srope --processes 3 6 --out "$R/concurrent-mps.json"
   [ "${MPS:-0}" = 1 ] || { echo quit | nvidia-cuda-mps-control; }
 }
+# The MPS daemon lets the kernels of several processes overlap instead of taking turns.
+mps_on() { nvidia-cuda-mps-control -d && sleep 2 && echo "MPS daemon started" && nvidia-smi -q | grep -i "compute mode"; }
 case "$1" in
   start)
     python3 -c "import torch, triton; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
     smoke
     [ "${PROBE:-0}" = 1 ] && probe
+    [ "${MPS:-0}" = 1 ] && [ "${PROBE:-0}" != 1 ] && mps_on
     mkdir -p out/gpu
     { declare -f synth mqar_chain; echo mqar_chain; } > out/gpu/release-chain.sh
     setsid nohup bash out/gpu/release-chain.sh > out/gpu/release-chain.log 2>&1 < /dev/null &
