@@ -29,20 +29,29 @@ from srope.lab.graphed import graphed_optimizer_step
 
 
 def worker(name: str, seconds: float, barrier, results) -> None:
+    try:
+        results.put(steps_per_second(name, seconds, barrier))
+    except BaseException as error:  # the parent waits on the queue: tell it, then fail
+        barrier.abort()
+        results.put(f"{type(error).__name__}: {error}")
+        raise
+
+
+def steps_per_second(name: str, seconds: float, barrier) -> float:
     device = torch.device("cuda")
     model, optimizer, loss, x, y, scored, _ = build_step(*CONFIGS[name], device, None)
     step = graphed_optimizer_step(model, optimizer, loss, strict=True)
     for _ in range(5):  # two eager steps, the capture, replays
         step(0, 1e-4, x, y, scored)
     torch.cuda.synchronize()
-    barrier.wait()
+    barrier.wait(timeout=600)  # every worker captured
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         for _ in range(20):
             step(0, 1e-4, x, y, scored)
         torch.cuda.synchronize()
         steps += 20
-    results.put(steps / (time.perf_counter() - start))
+    return steps / (time.perf_counter() - start)
 
 
 def measure(name: str, processes: int, seconds: float) -> dict:
@@ -51,7 +60,12 @@ def measure(name: str, processes: int, seconds: float) -> dict:
     procs = [ctx.Process(target=worker, args=(name, seconds, barrier, results)) for _ in range(processes)]
     for p in procs:
         p.start()
-    rates = [results.get(timeout=600) for _ in procs]
+    rates = [results.get(timeout=900) for _ in procs]
+    errors = [r for r in rates if isinstance(r, str)]
+    if errors:
+        for p in procs:
+            p.kill()
+        raise RuntimeError(f"{name} x{processes}: " + "; ".join(errors))
     for p in procs:
         p.join()
         if p.exitcode:
