@@ -29,6 +29,11 @@ we from per-run generators), so each run records statistics of its first trainin
     python experiments/vs_authors.py report out/vs_authors     # curves and a JSON summary
 
 One run: ``python experiments/vs_authors.py run --task copying --pipeline authors --seed 0 ...``.
+
+On the GPU machine the authors' copying model spends minutes autotuning before its first step:
+keep Triton's cache between calls (``source .tcache/use.sh`` first, ``bash .tcache/pack.sh``
+last, ``../shared/tools/triton-cache.sh keep`` here). Zoology needs ``pydantic`` and the
+authors' copying ``omegaconf``: carry their wheels in ``.whl``.
 """
 
 from __future__ import annotations
