@@ -60,3 +60,16 @@ def test_reentrant_checkpointing_and_refused_cache():
         model(ids, use_cache=True)
     with torch.no_grad():  # no backward: nothing is checkpointed, the cache works
         assert model(ids, use_cache=True).past_key_values is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (fla's mixers and srope's Triton kernels)")
+@pytest.mark.parametrize("mixer", ["gla", "gated_deltanet", "forgetting_attn", "attention"])
+def test_checkpointing_on_cuda(mixer):
+    model = tiny_model(mixer, "selective_rope").cuda().train()
+    ids = tokens(2, 70, seed=6).cuda()
+    loss, grads = _loss_and_grads(model, ids, None, ids)
+    _enable(model)
+    ckpt_loss, ckpt_grads = _loss_and_grads(model, ids, None, ids)
+    assert rel_err(ckpt_loss, loss) < 1e-6
+    assert all(rel_err(ckpt_grads[name], grads[name]) < 1e-4 for name in grads)

@@ -117,3 +117,15 @@ def test_full_rank_generator_trains_in_full_beside_lora():
             if "modules_to_save" in name and name.endswith("proj_weight"):
                 p.mul_(-1.0)
     assert rel_err(model(ids).logits, base(ids).logits) > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the fused generator kernels)")
+def test_adapted_gate_on_cuda_matches_the_fused_route_after_merging():
+    base = tiny_model("gla", POSITIONS["selective_rope"]).cuda()
+    ids = tokens(2, 70, seed=5).cuda()
+    model = _lora(base, ["gate"])
+    _randomise_lora_b(model)
+    adapted = _increments(model, ids)  # the module route
+    assert rel_err(adapted, _increments(base, ids)) > 1e-3
+    assert rel_err(adapted, _increments(model.merge_and_unload(), ids)) < 1e-5  # the fused route, LoRA merged in
