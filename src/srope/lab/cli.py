@@ -245,6 +245,7 @@ def _add_data(commands) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from srope.lab.convert import add_convert_command
     from srope.lab.eval.cli import add_eval_commands
     from srope.lab.report.cli import add_report_arguments
     from srope.lab.tasks.cli import add_synth_arguments
@@ -272,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(commands)
     add_eval_commands(commands)
     add_report_arguments(commands)
+    add_convert_command(commands)
 
     synth = commands.add_parser("synth", help="the paper's synthetic tasks: mqar, mad, copying, state_tracking (or 'report DIR...')")
     add_synth_arguments(synth)

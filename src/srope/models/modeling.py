@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLinearAttention
@@ -64,7 +65,11 @@ class SwiGLU(nn.Module):
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), backend=self.backend))
 
 
-class SRopeBlock(nn.Module):
+class SRopeBlock(GradientCheckpointingLayer):
+    """norm → mixer → norm → SwiGLU, with residuals. Under ``gradient_checkpointing_enable()``
+    transformers recomputes it in the backward (h is positional for that: only positional
+    inputs carry gradients through a reentrant checkpoint)."""
+
     def __init__(self, config: SRopeConfig):
         super().__init__()
         self.mixer_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
@@ -91,7 +96,7 @@ class SRopePreTrainedModel(PreTrainedModel):
     config_class = SRopeConfig
     base_model_prefix = "model"
     _no_split_modules = ["SRopeBlock"]
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -174,6 +179,9 @@ class SRopeModel(SRopePreTrainedModel):
         cu_seqlens = packing(position_ids, cu_seqlens, attention_mask, h, 0 if cache is None else cache.seen_tokens)
         if use_cache is None:  # a cache only where one is useful: inference on unpacked batches
             use_cache = self.config.use_cache and not self.training and cu_seqlens is None
+        if use_cache and self.training and torch.is_grad_enabled() and any(layer.gradient_checkpointing for layer in self.layers):
+            # transformers' checkpointed blocks would drop use_cache and leave the cache without states
+            raise ValueError("use_cache=True cannot be combined with gradient checkpointing in training: pass use_cache=False or call model.eval()")
         if use_cache and cache is None:
             cache = SRopeCache(len(self.layers))
         if cu_seqlens is not None:
@@ -223,6 +231,15 @@ class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
         self.decode_graphs = True  # replay one-token decoding from CUDA graphs where it applies (graphed_decode.py)
         self._decode_graphs = DecodeGraphs(self)
         self.post_init()
+
+    @classmethod
+    def from_fla(cls, folder, position="nope", seed: int = 0) -> "SRopeForCausalLM":
+        """An fla 0.6.0 ``GLAForCausalLM`` folder (config.json + safetensors) as an srope GLA model
+        with ``position`` (a new encoding's parameters initialised from ``seed``); see
+        :mod:`srope.models.convert_fla`."""
+        from srope.models.convert_fla import load_fla
+
+        return load_fla(folder, position, seed)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

@@ -257,6 +257,30 @@ class SelectiveRoPE(PositionEncoding):
         sizes = [self.pairs if self.projection == "full-rank" else self.proj[0].out_features]
         return sizes + ([self._gate_first_layer().out_features] if self.gate is not None else [])
 
+    def adapted(self) -> bool:
+        """Whether a linear map of the generator (the low-rank ω map's layers, the gate's) is
+        no plain ``nn.Linear`` but a wrapper such as a PEFT LoRA layer. Such maps are then
+        called as modules (:meth:`_module_inputs`), since the fused routes read their
+        ``.weight`` and would silently skip the wrapper."""
+        maps = [] if self.projection == "full-rank" else list(self.proj)
+        if self.gate is not None:
+            maps += list(self.gate) if isinstance(self.gate, nn.Sequential) else [self.gate]
+        return any(type(layer) is not nn.Linear for layer in maps)
+
+    def _module_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`generator_inputs` with every ``nn.Module`` map called on x̂ (built here), for
+        adapted maps. A module computes in its own parameters' dtype: x̂ is cast to it and
+        the result back to max(float32, x.dtype)."""
+        dtype = compute_dtype(x.dtype)
+        chunks = x.unflatten(-1, (self.num_heads, -1)).to(dtype)
+        x_hat = chunks * torch.rsqrt(chunks.square().sum(-1, keepdim=True) + self.norm_eps)
+        if self.projection == "full-rank":
+            u = torch.einsum("...hi,hir->...hr", x_hat, self.projection_weight(dtype)).flatten(-2)
+        else:
+            u = _call(self.proj, x_hat.flatten(-2), dtype)
+        gate = None if self.gate is None else torch.sigmoid(_call(self.gate, x_hat.flatten(-2), dtype))
+        return u, gate
+
     def _fuses_weights(self, dtype: torch.dtype) -> bool:
         """Whether the weight-normed first layers come from the fused Triton kernel
         (:mod:`srope.ops.generator.weights`; where :mod:`srope.backend` runs srope's kernels)."""
@@ -292,6 +316,8 @@ class SelectiveRoPE(PositionEncoding):
         conv, ``u = W_ω x̂`` ``[B, T, Hk·R]``, and the phase gate ``sigmoid(...)`` of x̂
         (``[B, T, Hk]``, per-channel ``[B, T, Hk·R]``; None without a gate), in
         max(float32, x.dtype), from :meth:`project` (or its parts ``projected``)."""
+        if projected is None and self.adapted():
+            return self._module_inputs(x)
         dtype = compute_dtype(x.dtype)
         parts = self.project(x, grad_dtype) if projected is None else projected
         # Maps of the whole (flattened) x̂ are the sums of their per-head shares.
@@ -317,8 +343,8 @@ class SelectiveRoPE(PositionEncoding):
         device = x.device.type
         grad_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         with torch.autocast(device, enabled=False):
-            parts = self.project(x, grad_dtype) if projected is None else projected
-            if self._fuses_gate(parts[0]):
+            parts = projected if projected is not None or self.adapted() else self.project(x, grad_dtype)
+            if parts is not None and self._fuses_gate(parts[0]):
                 from srope.ops.generator.gate import apply_head_gate, conv_head_gate
 
                 u = parts[0].flatten(-2)
@@ -390,7 +416,7 @@ class SelectiveRoPE(PositionEncoding):
             conv_state = state.conv
             if (
                 self.fused_decode and x.shape[1] == 1 and cu_seqlens is None and attention_mask is None
-                and not torch.is_grad_enabled() and backend.kernels(x)
+                and not torch.is_grad_enabled() and backend.kernels(x) and not self.adapted()
             ):
                 return Angles(autocast_input(x), tuple(x.shape[:2]), count, cu_seqlens, state, use_cache, _DecodeStep(x))
         projected, host_input = self.shared_cast(x)
@@ -406,7 +432,7 @@ class SelectiveRoPE(PositionEncoding):
         host's cast of x, written by the projection; else ``(None, None)`` (the host's input
         is then autocast's plain cast, and the generator projects x itself)."""
         device = x.device.type
-        if not (torch.is_grad_enabled() and x.dtype == torch.float32 and torch.is_autocast_enabled(device)):
+        if not (torch.is_grad_enabled() and x.dtype == torch.float32 and torch.is_autocast_enabled(device)) or self.adapted():
             return None, None
         grad_dtype = torch.get_autocast_dtype(device)
         with torch.autocast(device, enabled=False):
@@ -445,6 +471,12 @@ class SelectiveRoPE(PositionEncoding):
 def _per_head(weight: torch.Tensor, heads: int) -> torch.Tensor:
     """A ``Linear`` weight ``[out, hidden]`` as per-head shares ``[Hk, hidden/Hk, out]``."""
     return weight.unflatten(1, (heads, -1)).permute(1, 2, 0)
+
+
+def _call(module: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``module(x)`` in the dtype of the module's (first floating-point) parameters, returned in ``dtype``."""
+    own = next((p.dtype for p in module.parameters() if p.is_floating_point()), dtype)
+    return module(x.to(own)).to(dtype)
 
 
 def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

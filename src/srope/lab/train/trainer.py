@@ -81,6 +81,7 @@ class TrainConfig(RunConfig):
     device: str = "auto"
     dtype: str = "auto"  # autocast dtype: "auto" = bfloat16 on CUDA, float32 on the CPU
     compile: bool = False
+    activation_checkpointing: bool = False  # recompute each block in the backward (less memory, ~1 more forward)
     cuda_graph: str = "auto"  # capture the step (compiled or not) as a CUDA graph: "auto" (CUDA, concat packing, not FSDP2), "on", "off"
     parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2) when torchrun starts several processes
     fsdp_param_dtype: str = "auto"  # FSDP2 gathers parameters in: "auto" = the autocast dtype, "float32"
@@ -113,6 +114,8 @@ class TrainConfig(RunConfig):
             raise ValueError(f"val_fraction must be a number in (0, 1), got {out.val_fraction!r}")
         if out.fsdp_param_dtype not in ("auto", "float32"):
             raise ValueError(f"fsdp_param_dtype must be 'auto' (the autocast dtype) or 'float32', got {out.fsdp_param_dtype!r}")
+        if not isinstance(out.activation_checkpointing, bool):
+            raise ValueError(f"activation_checkpointing must be true or false, got {out.activation_checkpointing!r}")
         if out.cuda_graph not in ("auto", "on", "off"):
             raise ValueError(f"cuda_graph must be 'auto', 'on' or 'off', got {out.cuda_graph!r}")
         if not 0 <= out.warmup < 1:
@@ -335,6 +338,8 @@ def _use_cuda_graph(config: TrainConfig, world: World) -> bool:
             (f"the device is {world.device.type}, not CUDA", world.device.type != "cuda"),
             ("FSDP2 gathers and frees the parameters inside the step", world.size > 1 and config.parallel == "fsdp"),
             ("packing='documents' changes the shapes from step to step", config.packing != "concat"),
+            ("activation_checkpointing saves and restores the CUDA RNG state around each block, which a capture forbids",
+             config.activation_checkpointing),
         )
         if applies
     ]
@@ -362,10 +367,20 @@ def _describe(corpus, config: TrainConfig, model, autocast_dtype, world: World, 
         f"       {config.max_steps} steps x {config.global_batch_size} rows of {config.seq_len} tokens = {epochs:.2f} epochs",
         f"model  {config.preset}, {mc.mixer} + {mc.position['type']}: {params / 1e6:.2f}M parameters, {mc.num_hidden_layers} layers, "
         f"hidden {mc.hidden_size}; {world.device}{f' x {world.size} processes' if world.size > 1 else ''}, {precision}"
-        f"{parallel}{', torch.compile' if config.compile else ''}{', the step as a CUDA graph' if graphed else ''}",
+        f"{parallel}{', torch.compile' if config.compile else ''}{', activation checkpointing' if config.activation_checkpointing else ''}"
+        f"{', the step as a CUDA graph' if graphed else ''}",
         f"out    {out}: checkpoints/ every {config.checkpoint_every} steps, metrics.jsonl"
         f"{', tensorboard/' if config.tensorboard else ''}, model/ at the end",
     ]
+
+
+def enable_checkpointing(model: SRopeForCausalLM) -> None:
+    """transformers' activation checkpointing of every block (non-reentrant ``torch.utils.checkpoint``)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)  # newer transformers; the old name is a deprecated alias
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_after: int | None, verbose: bool, progress: dict, source) -> dict:
@@ -399,6 +414,8 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
     with phases("model"):
         torch.manual_seed(config.seed)
         model = SRopeForCausalLM(config.model_config(corpus.vocab_size)).to(world.device)
+        if config.activation_checkpointing:
+            enable_checkpointing(model)
         param_dtype = autocast_dtype if config.fsdp_param_dtype == "auto" else None
         model = wrap_model(model, world, config.parallel, flat_gradients=flat_gradients, param_dtype=param_dtype)
         if config.compile:
