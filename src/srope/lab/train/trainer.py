@@ -39,7 +39,7 @@ from srope.models import PRESETS, SRopeForCausalLM, preset_config
 from srope.models.configuration import position_class
 from srope.lab.config import RunConfig
 from srope.lab.overrides import coerce, parse_literal
-from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, remove_unfinished, save_checkpoint, usable_checkpoint
 from srope.lab.train.data import PackedBatches, eval_batches, load_corpus
 from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
 from srope.lab.graphed import GraphCaptureError, StepGraph
@@ -370,6 +370,9 @@ def _describe(corpus, config: TrainConfig, model, autocast_dtype, world: World, 
 
 def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_after: int | None, verbose: bool, progress: dict, source) -> dict:
     say = tqdm.write if verbose and world.is_main else (lambda text: None)
+    if world.is_main:
+        for stale in remove_unfinished(out):
+            say(f"removed {stale} (a checkpoint whose writing never finished)")
     phases = _Phases()
     local_batch, rem = divmod(config.global_batch_size, world.size)
     if rem:
@@ -407,9 +410,9 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
 
     start = 0
     if resume:
-        latest = latest_checkpoint(out)
+        latest = usable_checkpoint(out)
         with phases("checkpoint"):
-            state = load_checkpoint(latest, model, optimizer, world)
+            state = load_checkpoint(latest, model, optimizer, world, fields={"config": dict, "data": dict})
         changed = {k: (v, config.to_dict()[k]) for k, v in state["config"].items() if k not in RESUME_MAY_CHANGE and config.to_dict().get(k) != v}
         if changed:
             raise ValueError(f"--resume: settings differ from the run's: {changed} (started with, now); resume with the same settings")
