@@ -118,3 +118,15 @@ def test_resume_on_a_finished_run_says_so_and_changes_nothing(store, tmp_path, c
     assert json.loads(final) == json.loads(before[out / "run.json"])["metrics"]
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
+
+def test_a_run_killed_after_its_last_checkpoint_finishes_on_resume(store, tmp_path):
+    config = TrainConfig(data=store, max_steps=2, **{**RUN, "lr": 3e-3})
+    final = train(config, tmp_path)
+    (tmp_path / "run.json").unlink()  # killed after its last checkpoint, before run.json
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().splitlines(keepends=True)[0])  # and before its last metrics line
+    resumed = train(config, tmp_path, resume=True)
+    assert resumed["val_loss"] == final["val_loss"] and resumed["step"] == 2
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["complete"] and run["metrics"]["val_loss"] == final["val_loss"]
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2]

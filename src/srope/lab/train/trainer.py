@@ -31,6 +31,7 @@ import shutil
 import signal
 import time
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,16 +206,40 @@ def evaluate(model, store, config: TrainConfig, world: World, autocast, seq_len:
     return {"val_loss": loss, "val_ppl": math.exp(loss) if loss < 700 else float("inf")}
 
 
+def _metrics_records(path: Path) -> list[tuple[int, str]]:
+    """``(step, line)`` of every record in ``metrics.jsonl``. A torn last line (a run killed
+    while writing it) is dropped with a warning; any other bad line is an error naming it."""
+    lines = path.read_text().splitlines()
+    last = max((number for number, line in enumerate(lines, 1) if line.strip()), default=0)
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as error:
+            if number == last:
+                warnings.warn(f"{path}: dropped a torn last line (a run killed while writing it): {line[:60]!r}", stacklevel=3)
+                continue
+            raise ValueError(f"{path}:{number}: not a JSON record ({error}); fix or delete that line, then --resume again") from None
+        if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):
+            raise ValueError(f"{path}:{number}: a record without an integer 'step'; fix or delete that line, then --resume again")
+        records.append((record["step"], line))
+    return records
+
+
 class MetricsLog:
     """``metrics.jsonl`` (one JSON object per step) and TensorBoard, on rank 0."""
 
     def __init__(self, out: Path, world: World, tensorboard: bool, resume_step: int):
         self.path, self.enabled, self.writer = out / "metrics.jsonl", world.is_main, None
+        self.last_step = 0  # of the records kept
         if not self.enabled:
             return
         if self.path.exists():  # drop the steps a resume will redo
-            kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line).get("step", -1) <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            kept = [(step, line) for step, line in _metrics_records(self.path) if step <= resume_step]
+            self.path.write_text("".join(line + "\n" for _, line in kept))
+            self.last_step = max((step for step, _ in kept), default=0)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -458,6 +483,9 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         _check_same_settings(state["config"], config)
         loader.load_state_dict(state["data"])
         start = state["step"]
+    if stop_after is not None and stop_after <= start:
+        raise ValueError(f"--stop-after {stop_after}: the run resumes at step {start}, so it would stop before it starts; "
+                         f"pass a --stop-after above {start}, or leave it out")  # fmt: skip
     for line in _describe(corpus, config, model, autocast_dtype, world, out):
         say(line)
     if latest is not None:
@@ -558,6 +586,10 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
     model.train()
     with StopSignals(say) as stop, tqdm(total=config.max_steps, initial=start, disable=not (verbose and world.is_main), unit="step", dynamic_ncols=True) as bar:
         train_steps(batches(), lm_step, lr_at=lr_at, after=after)
+    if start == config.max_steps:  # resumed after its last checkpoint, before run.json: the final numbers again
+        metrics = {"step": start} | evaluate(model, corpus.val, config, world, autocast)
+        if log.last_step < start:
+            log.write(metrics)
     if last < config.max_steps:
         if saved_at != last:
             checkpoint(last)
