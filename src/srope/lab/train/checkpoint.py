@@ -43,7 +43,7 @@ _REQUIRED = ("model.safetensors", "optimizer.pt", "trainer_state.json")
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file is missing or unreadable."""
+    """A checkpoint cannot be written, or a file of one is missing, unreadable or not what srope writes."""
 
 
 def _read(path: Path, what: str, reader):
