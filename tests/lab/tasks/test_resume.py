@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -247,3 +248,17 @@ def test_a_run_started_before_a_setting_existed_resumes_with_what_it_ran(tmp_pat
     resumed = run_synthetic("state_tracking", gru_factory, out=tmp_path, overrides={**overrides, "cuda_graph": "off", "head_at_targets": "off"},
                             cache_dir=None, progress=False, plot=False, resume=True)  # fmt: skip
     assert resumed["complete"]
+
+
+def test_a_checkpoint_that_fails_verification_falls_back_to_the_previous_one(tmp_path):
+    overrides = {**SMOKE["state_tracking"], "model.hidden_size": 8, "seeds": "0", "epochs": 4, "threads": 1, "checkpoint_every": 1}
+    run = lambda out, **kw: run_synthetic("state_tracking", gru_factory, out=out, overrides=overrides, cache_dir=None, progress=False, plot=False, **kw)
+    whole = run(tmp_path / "whole")
+    run(tmp_path / "cut", stop_after_steps=3)
+    *_, previous, newest = checkpoints(tmp_path / "cut")
+    weights = bytearray((newest / "model.safetensors").read_bytes())
+    weights[-1] ^= 0xFF
+    (newest / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.warns(UserWarning, match=re.escape(f"skipping checkpoint {newest}: ") + ".*" + re.escape(f"resuming from {previous}")):
+        resumed = run(tmp_path / "cut", resume=True)
+    assert numbers(resumed) == numbers(whole)

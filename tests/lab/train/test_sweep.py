@@ -107,3 +107,15 @@ def test_choose_and_bad_arguments(store, tmp_path):
     with pytest.raises(ValueError, match="--lrs"):
         args.func(args)
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_run_cut_off_before_its_first_checkpoint_starts_again(store, tmp_path):
+    """A run folder with the run's settings but no checkpoint yet (killed early): the sweep
+    trains that learning rate from step 0 rather than stopping at the used folder."""
+    config = TrainConfig(data=store, lr=1e-3, **SMALL)
+    folder = tmp_path / "sweep" / run_dir_name(1e-3)
+    folder.mkdir(parents=True)
+    (folder / "train_config.json").write_text(json.dumps(config.resolved().to_dict()))
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 99.0}) + "\n")
+    summary = sweep_lr(config, tmp_path / "sweep", [1e-3], plot=False)
+    assert summary["runs"][0]["status"] == "ok" and [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]

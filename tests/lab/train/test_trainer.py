@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -231,3 +232,35 @@ def test_two_gpus_ddp_captured_equals_eager_and_one_gpu(store, tmp_path):
         assert abs(a - b) <= 2e-3 * abs(a) and abs(b - c) <= 2e-3 * abs(b), (one, captured, eager)
     w_captured, w_eager = (load_file(tmp_path / name / "model" / "model.safetensors") for name in ("captured", "eager"))
     assert max((w_captured[k] - w_eager[k]).abs().max().item() for k in w_captured) < 1e-2
+
+
+def test_a_torn_last_metrics_line_is_dropped_with_a_warning(store, tmp_path):
+    config = TrainConfig(data=store, max_steps=4, lr=3e-3, **SMALL)
+    train(config, tmp_path / "whole")
+    train(config, tmp_path / "split", stop_after=2)
+    metrics = tmp_path / "split" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 3, "lo')  # killed while writing step 3's line
+    with pytest.warns(UserWarning, match=re.escape(f"{metrics}: dropped a torn last line")):
+        train(config, tmp_path / "split", resume=True)
+    assert losses(tmp_path / "split") == losses(tmp_path / "whole")
+
+
+def test_a_corrupt_metrics_line_is_an_error_naming_file_and_line(store, tmp_path):
+    config = TrainConfig(data=store, max_steps=4, lr=3e-3, **SMALL)
+    train(config, tmp_path, stop_after=2)
+    metrics = tmp_path / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join(["{garbage", *lines[1:]]) + "\n")
+    with pytest.raises(ValueError, match="^" + re.escape(f"{metrics}:1: not a JSON record")) as error:
+        train(config, tmp_path, resume=True)
+    assert "\n" not in str(error.value)
+
+
+def test_stop_after_below_the_resumed_step_is_refused(store, tmp_path):
+    config = TrainConfig(data=store, max_steps=6, lr=3e-3, **SMALL)
+    train(config, tmp_path, stop_after=4)
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir()), (tmp_path / "metrics.jsonl").read_text()
+    for stop_after in (2, 4):
+        with pytest.raises(ValueError, match=f"--stop-after {stop_after}: the run resumes at step 4"):
+            train(config, tmp_path, resume=True, stop_after=stop_after)
+    assert (sorted(p.name for p in (tmp_path / "checkpoints").iterdir()), (tmp_path / "metrics.jsonl").read_text()) == before

@@ -64,7 +64,7 @@ from srope.lab.tasks.numerics import autocast
 from srope.lab.tasks.common import IGNORE, ModelRequest, Prepared, Setting, default_cache_dir, rng_for
 from srope.lab.tasks.parallel import LocalControl
 from srope.lab.tasks.summary import summarize
-from srope.lab.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from srope.lab.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, remove_unfinished, save_checkpoint, usable_checkpoint
 from srope.lab.train.distributed import World
 
 TASKS = {"mqar": mqar, "mad": mad, "copying": copying, "state_tracking": state_tracking}
@@ -74,6 +74,9 @@ LOSS_PLOT_FILE = "loss.png"
 # A run in progress: its evaluations so far, beside (not in) its checkpoints, so that output packed
 # without the checkpoints still shows where a run cut off by a timeout or a lost machine had got to.
 EVALUATIONS_FILE = "evaluations.json"
+# What a run's checkpoint state must hold (name: type), checked on load.
+_STATE_FIELDS = {"run": dict, "epoch": int, "position": int, "rng_epoch": dict, "rng_now": dict, "loss_sum": (int, float), "loss_count": int,
+                 "history": list, "since_best": int, "seconds": (int, float)}  # fmt: skip
 # Settings a resumed sweep may change: they change no number it computes.
 RESUME_MAY_CHANGE = frozenset({"checkpoint_every", "save_weights"})
 # What a run whose results.json predates a setting ran with, where that is not the setting's
@@ -271,8 +274,11 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
     first_epoch, seconds_before, resumed, eval_seconds, graph_steps_before = 0, 0.0, None, 0.0, 0
     curve, window, window_count = [], torch.zeros((), device=device), 0  # the loss curve and the steps since its last point
     run_dir = None if run_dir is None else Path(run_dir)
-    if run_dir is not None and (latest := latest_checkpoint(run_dir)) is not None:
-        resumed = load_checkpoint(latest, model, optimizer, World(), strict_optimizer=False)
+    if run_dir is not None:
+        for stale in remove_unfinished(run_dir):
+            _say(f"removed {stale} (a checkpoint whose writing never finished)")
+    if run_dir is not None and (latest := usable_checkpoint(run_dir)) is not None:
+        resumed = load_checkpoint(latest, model, optimizer, World(), strict_optimizer=False, fields=_STATE_FIELDS)
         if resumed.get("run") != identity:
             raise CheckpointError(f"{latest}: a checkpoint of the run {resumed.get('run')}, not of {identity}; remove it or choose another --out")
         step, first_epoch, seconds_before = resumed["step"], resumed["epoch"], resumed["seconds"]

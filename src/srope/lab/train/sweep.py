@@ -107,8 +107,9 @@ def run_one(config: TrainConfig, folder: Path) -> dict:
     source = "earlier"
     if metrics is None:
         source = "resumed" if latest_checkpoint(folder) is not None else "trained"
+        started = (folder / "train_config.json").is_file()  # a run cut off before its first checkpoint starts again
         try:
-            metrics = train(config, folder, resume=source == "resumed")
+            metrics = train(config, folder, resume=source == "resumed" or started)
         except FloatingPointError as err:
             return _diverged(_record(config.lr, folder, "diverged", error=str(err)), diverged, source)
     ppl = metrics.get("val_ppl")

@@ -12,9 +12,13 @@ The steps run in the lab's loop (:func:`srope.lab.loop.train_steps`) with this m
 
 A planned stop writes a checkpoint first: ``stop_after`` (``--stop-after K``) and SIGTERM or
 SIGINT (preemption, Ctrl-C), which end the run after the step in progress. A run killed
-without warning (SIGKILL) resumes from the last complete checkpoint. Settings, model options
-and the data source are checked before the run folder is made, so a failed start leaves
-nothing behind.
+without warning (SIGKILL) resumes from the last complete checkpoint whose files match their
+manifest (:mod:`srope.lab.train.checkpoint`).
+
+One run per folder: the run holds a lock on ``DIR`` (:mod:`srope.lab.train.run_folder`), and
+a folder that is not empty is refused unless ``--resume``. ``--resume`` on a finished run
+(``run.json`` complete) changes nothing and returns its metrics. Settings and model options
+are checked before the run folder is made, and a failed start removes the folder it made.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import shutil
 import signal
 import time
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,13 +44,14 @@ from srope.models import PRESETS, SRopeForCausalLM, preset_config
 from srope.models.configuration import position_class
 from srope.lab.config import RunConfig
 from srope.lab.overrides import coerce, parse_literal
-from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, remove_unfinished, save_checkpoint, usable_checkpoint
 from srope.lab.train.data import PackedBatches, eval_batches, load_corpus
 from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
 from srope.lab.graphed import GraphCaptureError, StepGraph
 from srope.lab.loop import set_learning_rate, train_steps
 from srope.lab.schedule import warmup_cosine
 from srope.lab.train.optim import build_optimizer
+from srope.lab.train.run_folder import RunFolder, used_entries
 from srope.lab.train.stops import StopRequested, StopSignals
 
 # Settings a resumed run may change (they do not affect the numbers computed).
@@ -203,16 +209,40 @@ def evaluate(model, store, config: TrainConfig, world: World, autocast, seq_len:
     return {"val_loss": loss, "val_ppl": math.exp(loss) if loss < 700 else float("inf")}
 
 
+def _metrics_records(path: Path) -> list[tuple[int, str]]:
+    """``(step, line)`` of every record in ``metrics.jsonl``. A torn last line (a run killed
+    while writing it) is dropped with a warning; any other bad line is an error naming it."""
+    lines = path.read_text().splitlines()
+    last = max((number for number, line in enumerate(lines, 1) if line.strip()), default=0)
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as error:
+            if number == last:
+                warnings.warn(f"{path}: dropped a torn last line (a run killed while writing it): {line[:60]!r}", stacklevel=3)
+                continue
+            raise ValueError(f"{path}:{number}: not a JSON record ({error}); fix or delete that line, then --resume again") from None
+        if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):
+            raise ValueError(f"{path}:{number}: a record without an integer 'step'; fix or delete that line, then --resume again")
+        records.append((record["step"], line))
+    return records
+
+
 class MetricsLog:
     """``metrics.jsonl`` (one JSON object per step) and TensorBoard, on rank 0."""
 
     def __init__(self, out: Path, world: World, tensorboard: bool, resume_step: int):
         self.path, self.enabled, self.writer = out / "metrics.jsonl", world.is_main, None
+        self.last_step = 0  # of the records kept
         if not self.enabled:
             return
         if self.path.exists():  # drop the steps a resume will redo
-            kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line).get("step", -1) <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            kept = [(step, line) for step, line in _metrics_records(self.path) if step <= resume_step]
+            self.path.write_text("".join(line + "\n" for _, line in kept))
+            self.last_step = max((step for step, _ in kept), default=0)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -248,23 +278,57 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, stop_af
     if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1):
         raise ValueError(f"stop_after must be a positive integer, got {stop_after!r}")
     out = Path(out)
-    if resume and latest_checkpoint(out) is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
-    if not resume and latest_checkpoint(out) is not None:
-        raise FileExistsError(f"{out} already holds checkpoints: pass --resume to continue, or choose another --out")
     with torch.device("meta"):  # every model and position option checked before anything is read or written
         SRopeForCausalLM(config.model_config(vocab_size=config.model.get("vocab_size", 32000)))
     world = init_world(config.device)
-    created = world.is_main and not out.exists()
     progress = {"steps": 0}
     try:
-        return _train(config, out, world, resume, stop_after, verbose, progress, source)
-    except BaseException:
-        if created and progress["steps"] == 0 and latest_checkpoint(out) is None:
-            shutil.rmtree(out, ignore_errors=True)  # a failed start leaves no run folder behind
-        raise
+        with RunFolder(out, lock=world.is_main) as folder:
+            try:
+                return _train(config, out, world, resume, stop_after, verbose, progress, source)
+            except BaseException:
+                if folder.created and progress["steps"] == 0 and latest_checkpoint(out) is None:
+                    shutil.rmtree(out, ignore_errors=True)  # a failed start leaves no run folder behind
+                raise
     finally:
         close_world(world)
+
+
+def _check_folder(out: Path, config: TrainConfig, resume: bool) -> dict | None:
+    """Refuse a folder this run must not write into; return the finished run's ``run.json``
+    when ``resume`` finds one (nothing is left to do), else None."""
+    used = used_entries(out)
+    if not resume:
+        if latest_checkpoint(out) is not None:
+            raise FileExistsError(f"{out} already holds checkpoints: pass --resume to continue, or choose another --out")
+        if used:
+            restart = "; or pass --resume to start its run again from step 0" if "train_config.json" in used else ""
+            raise FileExistsError(f"{out} is not empty ({', '.join(used[:4])}{', ...' if len(used) > 4 else ''}) and holds no checkpoint: "
+                                  f"choose another --out, or empty it{restart}")  # fmt: skip
+        return None
+    finished = _finished_run(out)
+    if finished is not None:
+        _check_same_settings(finished.get("config", {}), config)
+        return finished
+    if latest_checkpoint(out) is None and "train_config.json" not in used:
+        raise FileNotFoundError(f"--resume: no checkpoint and no srope train run under {out}; start without --resume")
+    return None
+
+
+def _finished_run(out: Path) -> dict | None:
+    """``run.json`` of a run that reached ``max_steps``, or None."""
+    try:
+        run = json.loads((out / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return run if isinstance(run, dict) and run.get("complete") is True else None
+
+
+def _check_same_settings(before: dict, config: TrainConfig) -> None:
+    now = config.to_dict()
+    changed = {k: (v, now[k]) for k, v in before.items() if k not in RESUME_MAY_CHANGE and now.get(k) != v}
+    if changed:
+        raise ValueError(f"--resume: settings differ from the run's: {changed} (started with, now); resume with the same settings")
 
 
 class _Phases:
@@ -385,6 +449,13 @@ def enable_checkpointing(model: SRopeForCausalLM) -> None:
 
 def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_after: int | None, verbose: bool, progress: dict, source) -> dict:
     say = tqdm.write if verbose and world.is_main else (lambda text: None)
+    finished = _check_folder(out, config, resume)
+    if finished is not None:
+        say(f"{out} holds a finished run ({config.max_steps} of {config.max_steps} steps, run.json): nothing to resume")
+        return finished["metrics"]
+    if world.is_main:
+        for stale in remove_unfinished(out):
+            say(f"removed {stale} (a checkpoint whose writing never finished)")
     phases = _Phases()
     local_batch, rem = divmod(config.global_batch_size, world.size)
     if rem:
@@ -422,20 +493,22 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
             model = torch.compile(model)
         optimizer = build_optimizer(unwrap(model), lr=config.lr, weight_decay=config.weight_decay, betas=(config.beta1, config.beta2), eps=config.eps)
 
-    start = 0
-    if resume:
-        latest = latest_checkpoint(out)
+    start, latest = 0, usable_checkpoint(out) if resume else None
+    if latest is not None:
         with phases("checkpoint"):
-            state = load_checkpoint(latest, model, optimizer, world)
-        changed = {k: (v, config.to_dict()[k]) for k, v in state["config"].items() if k not in RESUME_MAY_CHANGE and config.to_dict().get(k) != v}
-        if changed:
-            raise ValueError(f"--resume: settings differ from the run's: {changed} (started with, now); resume with the same settings")
+            state = load_checkpoint(latest, model, optimizer, world, fields={"config": dict, "data": dict})
+        _check_same_settings(state["config"], config)
         loader.load_state_dict(state["data"])
         start = state["step"]
+    if stop_after is not None and stop_after <= start:
+        raise ValueError(f"--stop-after {stop_after}: the run resumes at step {start}, so it would stop before it starts; "
+                         f"pass a --stop-after above {start}, or leave it out")  # fmt: skip
     for line in _describe(corpus, config, model, autocast_dtype, world, out):
         say(line)
-    if resume:
+    if latest is not None:
         say(f"resume from {latest} (step {start})")
+    elif resume:
+        say(f"no checkpoint in {out}: its run starts again from step 0")
     if world.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "train_config.json").write_text(json.dumps(config.to_dict(), indent=2))
@@ -530,6 +603,10 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
     model.train()
     with StopSignals(say) as stop, tqdm(total=config.max_steps, initial=start, disable=not (verbose and world.is_main), unit="step", dynamic_ncols=True) as bar:
         train_steps(batches(), lm_step, lr_at=lr_at, after=after)
+    if start == config.max_steps:  # resumed after its last checkpoint, before run.json: the final numbers again
+        metrics = {"step": start} | evaluate(model, corpus.val, config, world, autocast)
+        if log.last_step < start:
+            log.write(metrics)
     if last < config.max_steps:
         if saved_at != last:
             checkpoint(last)
