@@ -348,23 +348,24 @@ def split_text(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> list[str]:
     """The documents of a plain text: paragraphs (separated by blank lines) joined in order
     until a document holds at least ``chunk_chars`` characters, a paragraph longer than that
     cut into chunks of at most ``chunk_chars`` at a line end, else a space, else anywhere.
-    Leading and trailing whitespace of each document is dropped, and empty ones with it."""
+    Leading and trailing whitespace of each document is dropped, and empty ones with it.
+    Linear in the length of ``text``: positions into it, never a copy of the rest."""
     if chunk_chars < 1:
         raise ValueError(f"chunk_chars must be >= 1, got {chunk_chars}")
-    pieces, start = [], 0
+    bounds, start = [], 0
     for blank in _BLANK_LINE.finditer(text):
-        pieces.append(text[start : blank.end()])
+        bounds.append((start, blank.end()))
         start = blank.end()
-    pieces.append(text[start:])
+    bounds.append((start, len(text)))
     documents, current = [], ""
-    for piece in pieces:
-        while len(piece) > chunk_chars:
-            cut = piece.rfind("\n", 0, chunk_chars)
-            cut = cut if cut > 0 else piece.rfind(" ", 0, chunk_chars)
-            cut = cut + 1 if cut > 0 else chunk_chars
-            documents += [current, piece[:cut]] if current else [piece[:cut]]
-            current, piece = "", piece[cut:]
-        current += piece
+    for start, end in bounds:
+        while end - start > chunk_chars:
+            cut = text.rfind("\n", start, start + chunk_chars)
+            cut = cut if cut > start else text.rfind(" ", start, start + chunk_chars)
+            cut = cut + 1 if cut > start else start + chunk_chars
+            documents += [current, text[start:cut]] if current else [text[start:cut]]
+            current, start = "", cut
+        current += text[start:end]
         if len(current) >= chunk_chars:
             documents.append(current)
             current = ""
