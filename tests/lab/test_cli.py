@@ -59,6 +59,8 @@ def _error_line(capsys) -> str:
     [
         (["train", "--preset", "gla-tin", "--max-steps", "3"], "unknown preset 'gla-tin'"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--data", "no/such/file.txt"], "no such file or folder"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--data", "data/nope.txt"], "'data/nope.txt': no such file or folder"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--data", "owner/corpus"], "did you mean hf:owner/corpus?"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--position", "ropee"], "position type must be one of"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "lr=fast"], "--set lr: expected a number, got 'fast'"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "learning_rate=1"], "unknown setting 'learning_rate'"),

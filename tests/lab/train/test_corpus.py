@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from srope.lab.train.corpus import split_text
+from srope.lab.train.corpus import TextSource, resolve_source, split_text
 from tests.lab.train.conftest import make_text
 
 
@@ -59,3 +59,20 @@ def test_split_text_is_linear_on_a_long_text_without_blank_lines():
     assert seconds < 1.0, seconds
     assert all(len(d) <= 2000 for d in documents) and "".join(d + "\n" for d in documents) == text
     assert split_text("y" * 30_000, 2000) == ["y" * 2000] * 15  # no line end and no space: cut every 2000 characters
+
+
+def test_only_hf_names_go_to_the_hub(tmp_path, monkeypatch):
+    """``hf:NAME`` is a Hub dataset; anything else is a local path, and a missing one is an error
+    at once (``data/nope.txt`` was taken for the Hub dataset ``data/nope.txt``: 25 s of retries)."""
+    monkeypatch.chdir(tmp_path)
+    hub = resolve_source("hf:HuggingFaceFW/fineweb-edu:sample-10BT", text_field="content")
+    assert (hub.kind, hub.path, hub.config, hub.text_field) == ("hf", "HuggingFaceFW/fineweb-edu", "sample-10BT", "content")
+    began = time.perf_counter()
+    with pytest.raises(ValueError, match=r"data source 'data/nope\.txt': no such file or folder"):
+        resolve_source("data/nope.txt")
+    with pytest.raises(ValueError, match=r"no such file or folder.*did you mean hf:HuggingFaceFW/fineweb-edu:sample-10BT\?"):
+        resolve_source("HuggingFaceFW/fineweb-edu:sample-10BT")
+    assert time.perf_counter() - began < 1.0
+    (tmp_path / "owner" / "name").mkdir(parents=True)
+    (tmp_path / "owner" / "name" / "a.txt").write_text("local text", encoding="utf-8")
+    assert resolve_source("owner/name") == TextSource("files", "owner/name")  # a local folder of that shape is local

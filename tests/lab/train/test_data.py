@@ -165,7 +165,7 @@ def test_shakespeare_splits_are_whole_works(tokenizer_dir, tmp_path, no_network)
 def test_resolve_source(corpus_dir):
     assert resolve_source("shakespeare") == TextSource("shakespeare")
     assert resolve_source(corpus_dir).kind == "files"
-    hub = resolve_source("HuggingFaceFW/fineweb-edu:sample-10BT", text_field="content")
+    hub = resolve_source("hf:HuggingFaceFW/fineweb-edu:sample-10BT", text_field="content")
     assert (hub.kind, hub.path, hub.config, hub.text_field) == ("hf", "HuggingFaceFW/fineweb-edu", "sample-10BT", "content")
     assert resolve_source("hf:" + str(corpus_dir)).kind == "hf"
     with pytest.raises(ValueError, match="no such file or folder"):

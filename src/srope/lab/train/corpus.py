@@ -14,8 +14,9 @@ A source yields :class:`Document` s in a fixed order. Three kinds:
   chunks of that size at line or word ends; a short file is one document. So one text file
   has enough documents for a held-out split. JSON and parquet are read through
   ``datasets``' packaged builders in streaming mode.
-* a Hugging Face dataset by name, e.g. ``hf:HuggingFaceFW/fineweb-edu:sample-10BT`` --
-  ``datasets.load_dataset(name, config, split=..., streaming=True)``. A local folder of
+* a Hugging Face dataset by name, always with ``hf:``, e.g. ``hf:HuggingFaceFW/fineweb-edu:sample-10BT``
+  -- ``datasets.load_dataset(name, config, split=..., streaming=True)``. Any other ``--data``
+  is a local path (a missing ``owner/name`` is not looked up on the Hub). A local folder of
   parquet/JSONL files goes through exactly the same call when given as ``hf:PATH``.
 
 The cache directory is ``cache`` if given, else ``$SROPE_CACHE``, else ``~/.cache/srope``.
@@ -285,8 +286,9 @@ def resolve_source(
 ) -> TextSource:
     """Turn ``--data`` into a :class:`TextSource`.
 
-    ``"shakespeare"``; an existing file or folder; ``"hf:NAME[:CONFIG]"``; or ``"owner/name[:CONFIG]"``
-    when no such local path exists (e.g. ``HuggingFaceFW/fineweb:sample-10BT``).
+    ``"shakespeare"``; ``"hf:NAME[:CONFIG]"`` (a Hugging Face dataset, e.g.
+    ``hf:HuggingFaceFW/fineweb-edu:sample-10BT``); anything else is a local file or folder,
+    and a missing one is an error at once (with a hint when it looks like ``owner/name``).
     """
     if isinstance(spec, TextSource):
         return spec
@@ -295,15 +297,16 @@ def resolve_source(
     text = os.fspath(spec)
     if text == "shakespeare":
         return TextSource("shakespeare")
-    if text.startswith("hf:") or (not Path(text).expanduser().exists() and _HF_NAME.match(text)):
-        name = text[3:] if text.startswith("hf:") else text
+    if text.startswith("hf:"):
+        name = text[3:]
         if ":" in name:
             name, config = name.split(":", 1)
         return TextSource("hf", name, config=config, split=split, text_field=text_field, revision=revision)
     path = Path(text).expanduser()
     if not path.exists():
+        hint = f"; did you mean hf:{text}? (Hugging Face datasets are named with hf:)" if _HF_NAME.match(text) else ""
         raise ValueError(
-            f"data source {text!r}: no such file or folder; expected 'shakespeare', a local .txt/.jsonl/.json/.parquet "
+            f"data source {text!r}: no such file or folder{hint}; expected 'shakespeare', a local .txt/.jsonl/.json/.parquet "
             "file or folder, or a Hugging Face dataset as 'hf:NAME[:CONFIG]'"
         )
     return TextSource("files", str(path), text_field=text_field)
