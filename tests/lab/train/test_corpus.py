@@ -76,3 +76,40 @@ def test_only_hf_names_go_to_the_hub(tmp_path, monkeypatch):
     (tmp_path / "owner" / "name").mkdir(parents=True)
     (tmp_path / "owner" / "name" / "a.txt").write_text("local text", encoding="utf-8")
     assert resolve_source("owner/name") == TextSource("files", "owner/name")  # a local folder of that shape is local
+
+
+@pytest.mark.parametrize("row, got", [("null", "null"), ("5", "a number"), ('["a"]', "an array"), ("true", "a boolean")])
+def test_a_json_lines_row_whose_text_is_not_a_string_names_the_file_and_line(tmp_path, row, got):
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text('{"text": "first document"}\n\n{"text": "second"}\n{"text": %s}\n{"text": "after"}\n' % row, encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"docs\.jsonl, line 4: field 'text' must be a string, got {got}"):
+        list(resolve_source(lines).documents())
+
+
+def test_json_lines_errors_name_the_line_and_the_cli_says_it_in_one_line(tmp_path, tokenizer_dir, capsys):
+    from srope.lab.cli import main
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "fine"}\n{"text": "cut off\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"broken\.jsonl, line 2: not valid JSON"):
+        list(resolve_source(broken).documents())
+    rows = tmp_path / "rows.json"  # a .json file may hold an array of objects
+    rows.write_text('[{"text": "one"}, {"text": "two"}, "three"]', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"rows\.json, item 3: expected a JSON object with a 'text' field, got a string"):
+        list(resolve_source(rows).documents())
+    nulls = tmp_path / "nulls.jsonl"
+    nulls.write_text('{"text": "one two"}\n{"text": null}\n', encoding="utf-8")
+    assert main(["data", "prepare", str(nulls), "--tokenizer", str(tokenizer_dir), "--cache", str(tmp_path / "c")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "nulls.jsonl, line 2: field 'text' must be a string, got null" in err[0], err
+
+
+def test_json_lines_are_read_in_order_without_datasets(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # JSON lines need no optional package
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text('{"text": "one", "id": 1}\n\n{"text": "two"}\n', encoding="utf-8")
+    array = tmp_path / "more.json"
+    array.write_text('[{"text": "three"}, {"text": "four"}]', encoding="utf-8")
+    assert [d.text for d in resolve_source(tmp_path).documents()] == ["one", "two", "three", "four"]

@@ -565,12 +565,15 @@ def test_a_missing_optional_package_names_the_extra(tokenizer_dir, tmp_path, mon
     from srope._lazy import MissingDependency
     from srope.lab.cli import main
 
-    lines = tmp_path / "docs.jsonl"
-    lines.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(4)), encoding="utf-8")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = tmp_path / "docs.parquet"  # (JSON lines need no optional package: srope reads them itself)
+    pq.write_table(pa.table({"text": [f"document {i} " * 20 for i in range(4)]}), table)
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
-    with pytest.raises(MissingDependency, match=r"reading json files needs the 'datasets' package .* pip install 'srope\[lm\]'"):
-        load_corpus(lines, tokenizer_dir, cache=tmp_path / "c")
-    argv = ["data", "prepare", str(lines), "--tokenizer", str(tokenizer_dir), "--cache", str(tmp_path / "c")]
+    with pytest.raises(MissingDependency, match=r"reading parquet files needs the 'datasets' package .* pip install 'srope\[lm\]'"):
+        load_corpus(table, tokenizer_dir, cache=tmp_path / "c")
+    argv = ["data", "prepare", str(table), "--tokenizer", str(tokenizer_dir), "--cache", str(tmp_path / "c")]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'srope[lm]'" in err[0], err

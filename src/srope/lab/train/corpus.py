@@ -12,8 +12,9 @@ A source yields :class:`Document` s in a fixed order. Three kinds:
   by :func:`split_text`: its paragraphs (separated by blank lines) joined in order until a
   document holds at least :data:`TEXT_CHUNK_CHARS` characters, a longer paragraph cut into
   chunks of that size at line or word ends; a short file is one document. So one text file
-  has enough documents for a held-out split. JSON and parquet are read through
-  ``datasets``' packaged builders in streaming mode.
+  has enough documents for a held-out split. JSON lines (``.jsonl``, or a ``.json`` of one
+  object per line or of one array of objects) are read here, so an error names the file and
+  line; parquet through ``datasets``' packaged builder in streaming mode, file by file.
 * a Hugging Face dataset by name, always with ``hf:``, e.g. ``hf:HuggingFaceFW/fineweb-edu:sample-10BT``
   -- ``datasets.load_dataset(name, config, split=..., streaming=True)``. Any other ``--data``
   is a local path (a missing ``owner/name`` is not looked up on the Hub). A local folder of
@@ -341,10 +342,49 @@ def _file_documents(path: Path, text_field: str) -> Iterator[Document]:
                     raise ValueError(f"{file}: not UTF-8 text ({error.reason} at byte {error.start}); convert it to UTF-8") from None
                 for i, document in enumerate(split_text(text)):
                     yield Document(document, f"{name}#{i}")
+        elif kind == "json":
+            for file in group:
+                yield from _json_documents(file, text_field)
         else:
             datasets = optional_import("datasets", extra="lm", purpose=f"reading {kind} files")
-            stream = datasets.load_dataset(kind, data_files=[str(p) for p in group], split="train", streaming=True)
-            yield from _rows_to_documents(stream, text_field, f"local {kind} files under {root}")
+            for file in group:  # one at a time, so that an error names the file
+                stream = datasets.load_dataset(kind, data_files=[str(file)], split="train", streaming=True)
+                yield from _rows_to_documents(stream, text_field, str(file))
+
+
+def _json_type(value) -> str:
+    """What a JSON value is, in JSON's words (``null``, ``a number``, ...)."""
+    if value is None:
+        return "null"
+    for kind, name in ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (list, "an array"), (dict, "an object")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def _json_documents(file: Path, text_field: str) -> Iterator[Document]:
+    """The rows of a JSON-lines file (one object per line; blank lines skipped), or of a ``.json``
+    file holding one array of objects, read here so that every error names the file and line."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{file}: not UTF-8 text ({error.reason} at byte {error.start}); convert it to UTF-8") from None
+    if file.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{file}, line {error.lineno}: not valid JSON ({error.msg})") from None
+        for index, row in enumerate(rows):
+            yield Document(_row_text(row, text_field, f"{file}, item {index + 1}"))
+        return
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{file}, line {number}: not valid JSON ({error.msg}); expected one JSON object per line") from None
+        yield Document(_row_text(row, text_field, f"{file}, line {number}"))
 
 
 def split_text(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> list[str]:
@@ -385,9 +425,17 @@ def _hf_documents(source: TextSource) -> Iterator[Document]:
 
 def _rows_to_documents(rows, text_field: str, what: str) -> Iterator[Document]:
     for index, row in enumerate(rows):
-        if text_field not in row:
-            raise ValueError(f"{what}: row {index} has no field {text_field!r} (fields: {sorted(row)}); set text_field")
-        text = row[text_field]
-        if not isinstance(text, str):
-            raise TypeError(f"{what}: field {text_field!r} of row {index} must be a string, got {type(text).__name__}")
-        yield Document(text)
+        yield Document(_row_text(row, text_field, f"{what}, row {index}"))
+
+
+def _row_text(row, text_field: str, where: str) -> str:
+    """The text of one row of a JSON / parquet / hf source; a row without a string there is a
+    ValueError that says ``where``."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object with a {text_field!r} field, got {_json_type(row)}")
+    if text_field not in row:
+        raise ValueError(f"{where}: no field {text_field!r} (fields: {sorted(row)}); set text_field (--text-field)")
+    text = row[text_field]
+    if not isinstance(text, str):
+        raise ValueError(f"{where}: field {text_field!r} must be a string, got {_json_type(text)}")
+    return text
