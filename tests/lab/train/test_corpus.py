@@ -113,3 +113,20 @@ def test_json_lines_are_read_in_order_without_datasets(tmp_path, monkeypatch):
     array = tmp_path / "more.json"
     array.write_text('[{"text": "three"}, {"text": "four"}]', encoding="utf-8")
     assert [d.text for d in resolve_source(tmp_path).documents()] == ["one", "two", "three", "four"]
+
+
+def test_a_local_dataset_folder_with_a_loading_script_is_refused(tmp_path, tokenizer_dir, capsys, no_network):
+    """srope never runs a dataset's code: a folder holding a loading script is refused as a
+    local source and as ``hf:PATH`` (where ``datasets`` raised a RuntimeError traceback)."""
+    from srope.lab.cli import main
+
+    folder = tmp_path / "myds"
+    folder.mkdir()
+    (folder / "myds.py").write_text("import datasets\n", encoding="utf-8")
+    (folder / "data.jsonl").write_text('{"text": "one"}\n', encoding="utf-8")
+    for spec in (str(folder), f"hf:{folder}"):
+        with pytest.raises(ValueError, match=r"myds\.py.*loading script.*never runs"):
+            resolve_source(spec)
+    assert main(["data", "prepare", f"hf:{folder}", "--tokenizer", str(tokenizer_dir), "--cache", str(tmp_path / "c")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "loading script" in err[0], err

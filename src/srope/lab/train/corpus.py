@@ -302,6 +302,7 @@ def resolve_source(
         name = text[3:]
         if ":" in name:
             name, config = name.split(":", 1)
+        _refuse_loading_script(Path(name).expanduser())
         return TextSource("hf", name, config=config, split=split, text_field=text_field, revision=revision)
     path = Path(text).expanduser()
     if not path.exists():
@@ -310,7 +311,20 @@ def resolve_source(
             f"data source {text!r}: no such file or folder{hint}; expected 'shakespeare', a local .txt/.jsonl/.json/.parquet "
             "file or folder, or a Hugging Face dataset as 'hf:NAME[:CONFIG]'"
         )
+    _refuse_loading_script(path)
     return TextSource("files", str(path), text_field=text_field)
+
+
+def _refuse_loading_script(path: Path) -> None:
+    """A local dataset folder holding a Python file (a ``datasets`` loading script) is refused:
+    srope never runs a dataset's code, and reading its files around the script could differ from
+    what the script makes of them."""
+    scripts = sorted(path.glob("*.py")) if path.is_dir() else []
+    if scripts:
+        raise ValueError(
+            f"data source {os.fspath(path)!r} holds {scripts[0]}, a dataset loading script: srope never runs dataset code; "
+            "pass a folder of the data files alone (.txt/.jsonl/.json/.parquet)"
+        )
 
 
 def local_files(path: Path) -> list[Path]:
@@ -419,7 +433,12 @@ def split_text(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> list[str]:
 def _hf_documents(source: TextSource) -> Iterator[Document]:
     datasets = optional_import("datasets", extra="lm", purpose="a Hugging Face dataset source")
 
-    stream = datasets.load_dataset(source.path, name=source.config, split=source.split, streaming=True, revision=source.revision)
+    try:
+        stream = datasets.load_dataset(source.path, name=source.config, split=source.split, streaming=True, revision=source.revision)
+    except RuntimeError as error:  # datasets refuses a Hub dataset that needs a loading script
+        if "script" not in str(error):
+            raise
+        raise ValueError(f"dataset {source.path!r}: {error}; srope never runs dataset code: use a dataset (or revision) of data files") from None
     yield from _rows_to_documents(stream, source.text_field, f"dataset {source.path!r}")
 
 
