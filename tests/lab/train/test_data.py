@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import re
 import shutil
 import tarfile
 import zipfile
@@ -580,3 +581,32 @@ def test_a_missing_optional_package_names_the_extra(tokenizer_dir, tmp_path, mon
     monkeypatch.setitem(sys.modules, "sentencepiece", None)
     with pytest.raises(MissingDependency, match=r"sentencepiece.*srope\[lm\]"):
         sentencepiece_to_hf(tmp_path / "any.model")
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda meta: '{"format": "srope-token-store", "version": 2, "spl', "not valid JSON"),
+        (lambda meta: "[1, 2]", "holds an array, not a JSON object"),
+        (lambda meta: json.dumps({k: v for k, v in meta.items() if k != "splits"}), "has no 'splits.train.tokens'"),
+        (lambda meta: json.dumps({**meta, "splits": {**meta["splits"], "train": {**meta["splits"]["train"], "tokens": "many"}}}), "splits.train.tokens"),
+        (lambda meta: json.dumps({**meta, "dtype": "float99"}), "dtype"),
+        (lambda meta: json.dumps({**meta, "tokenizer": {k: v for k, v in meta["tokenizer"].items() if k != "vocab_size"}}), "has no 'tokenizer.vocab_size'"),
+    ],
+    ids=["cut-short", "array", "no-splits", "bad-count", "bad-dtype", "no-vocab"],
+)
+def test_a_malformed_meta_json_is_a_one_line_error(store, tmp_path, capsys, damage, expected):
+    """A token store whose meta.json is cut short or misses a field: a ValueError naming the file
+    (it was a KeyError traceback, or the store was read as a folder of JSON text)."""
+    from srope.lab.cli import main
+
+    broken = tmp_path / "store"
+    shutil.copytree(store, broken)
+    meta = json.loads((broken / "meta.json").read_text())
+    (broken / "meta.json").write_text(damage(meta))
+    for call in (lambda: open_store(broken), lambda: load_corpus(broken)):
+        with pytest.raises(ValueError, match=rf"meta\.json.*{re.escape(expected)}.*prepare it again"):
+            call()
+    assert main(["data", "prepare", str(broken)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "meta.json" in err[0] and expected in err[0], err

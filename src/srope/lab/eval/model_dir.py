@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from srope.lab.train.corpus import read_json
+
 AUTOCAST_DTYPES = ("auto", "float32", "bfloat16")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -32,17 +34,6 @@ def find_train_config(model_dir: Path) -> dict | None:
         if file.is_file():
             return read_json(file, "the run's settings, written by `srope train`")
     return None
-
-
-def read_json(file: Path, what: str) -> dict:
-    """``file`` parsed as a JSON object; a damaged file is a ValueError that names it."""
-    try:
-        value = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{file} is not valid JSON ({err}); expected {what}") from err
-    if not isinstance(value, dict):
-        raise ValueError(f"{file} holds a JSON {type(value).__name__}; expected an object: {what}")
-    return value
 
 
 def resolve_device(device: str) -> torch.device:

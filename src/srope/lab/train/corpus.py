@@ -142,6 +142,17 @@ def _write_json(path: Path, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def read_json(file: Path, what: str) -> dict:
+    """``file`` parsed as a JSON object; a damaged file is a ValueError that names it and says ``what`` was expected."""
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{file} is not valid JSON ({err}); expected {what}") from err
+    if not isinstance(value, dict):
+        raise ValueError(f"{file} holds {_json_type(value)}, not a JSON object; expected {what}")
+    return value
+
+
 def _publish(staging: Path, final: Path) -> None:
     """Move a fully written ``staging`` folder to ``final`` in one rename (a concurrent winner is kept)."""
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -77,7 +77,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from srope.lab.train.corpus import SHAKESPEARE_TEST, SHAKESPEARE_VALIDATION, TextSource, _publish, _write_json, cache_dir, local_files, resolve_source
+from srope.lab.train.corpus import SHAKESPEARE_TEST, SHAKESPEARE_VALIDATION, TextSource, _publish, _write_json, cache_dir, local_files, read_json, resolve_source
 from srope.lab.train.tokenizer import MISTRAL_V1, encode, load_tokenizer, tokenizer_fingerprint
 
 IGNORE_INDEX = -100
@@ -183,13 +183,47 @@ def _slug(text: str) -> str:
 
 
 def _is_store(path: Path) -> bool:
+    """A folder with a ``meta.json`` that names the store format, or with ``meta.json`` beside token
+    files (a store whose metadata is damaged: :func:`open_store` says so rather than reading it as text)."""
     meta = path / "meta.json"
     if not meta.is_file():
         return False
+    if any(path.glob("*.tokens.bin")):
+        return True
     try:
         return json.loads(meta.read_text(encoding="utf-8")).get("format") == STORE_FORMAT
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         return False
+
+
+_META_DAMAGED = "the metadata `srope data prepare` writes; the store is damaged, prepare it again"
+
+
+def _check_meta(meta: dict, file: Path) -> None:
+    """The fields of ``meta.json`` a store is opened and used with, each of its type; else a
+    ValueError naming the file and the first one that is missing or wrong."""
+
+    def field(path: str, ok, expected: str):
+        value = meta
+        for key in path.split("."):
+            if not isinstance(value, dict) or key not in value:
+                raise ValueError(f"{file} has no {path!r}; expected {_META_DAMAGED}")
+            value = value[key]
+        if not ok(value):
+            raise ValueError(f"{file}: {path} is {value!r}, expected {expected}; {_META_DAMAGED}")
+
+    count = lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0  # noqa: E731
+    token_id = lambda value: value is None or count(value)  # noqa: E731
+    field("dtype", lambda value: value in ("uint16", "uint32"), "'uint16' or 'uint32'")
+    for split in SPLITS:
+        field(f"splits.{split}.tokens", count, "a count of tokens")
+        field(f"splits.{split}.documents", count, "a count of documents")
+        field(f"splits.{split}.sha256", lambda value: isinstance(value, str), "a sha256 hex digest")
+    field("tokenizer.name", lambda value: isinstance(value, str), "a name")
+    field("tokenizer.fingerprint", lambda value: isinstance(value, str), "a fingerprint")
+    field("tokenizer.vocab_size", lambda value: count(value) and value > 0, "a positive integer")
+    field("tokenizer.bos_id", token_id, "a token id or null")
+    field("tokenizer.eos_id", token_id, "a token id or null")
 
 
 def _files_digest(path: Path) -> str:
@@ -264,9 +298,10 @@ def open_store(path: str | os.PathLike, *, verify: bool = False) -> Corpus:
     folder = Path(path)
     if not _is_store(folder):
         raise ValueError(f"{folder} is not a token store (no meta.json with format {STORE_FORMAT!r})")
-    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    meta = read_json(folder / "meta.json", _META_DAMAGED)
     if meta.get("version") != STORE_VERSION:
         raise ValueError(f"{folder}: store version {meta.get('version')} is not {STORE_VERSION}; prepare it again")
+    _check_meta(meta, folder / "meta.json")
     stores = {name: _open_split(folder, name, meta) for name in SPLITS}
     if verify:
         for name, store in stores.items():
