@@ -610,3 +610,14 @@ def test_a_malformed_meta_json_is_a_one_line_error(store, tmp_path, capsys, dama
     assert main(["data", "prepare", str(broken)]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "meta.json" in err[0] and expected in err[0], err
+
+
+def test_a_token_store_refuses_the_options_that_make_one(store, tokenizer_dir):
+    """A store's tokenizer, held-out split and limits were fixed when it was prepared: passing
+    them with a store was ignored (and recorded by srope train as if used); now it is an error."""
+    for options, name in (({"tokenizer": str(tokenizer_dir)}, "tokenizer"), ({"tokenizer": "/no/such/tokenizer"}, "tokenizer"),
+                          ({"val_fraction": 0.3}, "val_fraction"), ({"max_train_tokens": 10}, "max_train_tokens"),
+                          ({"add_bos": False}, "add_bos")):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"is a token store: .*fixed when it was prepared.*leave {name} unset"):
+            load_corpus(store, **options)
+    assert load_corpus(store).path == Path(store)  # the store alone opens as is

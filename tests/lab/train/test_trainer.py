@@ -231,3 +231,19 @@ def test_two_gpus_ddp_captured_equals_eager_and_one_gpu(store, tmp_path):
         assert abs(a - b) <= 2e-3 * abs(a) and abs(b - c) <= 2e-3 * abs(b), (one, captured, eager)
     w_captured, w_eager = (load_file(tmp_path / name / "model" / "model.safetensors") for name in ("captured", "eager"))
     assert max((w_captured[k] - w_eager[k]).abs().max().item() for k in w_captured) < 1e-2
+
+
+def test_a_token_store_run_refuses_tokenizer_and_val_fraction_and_records_none(store, tokenizer_dir, tmp_path, capsys, monkeypatch):
+    """--tokenizer and --val-fraction did nothing with a token store but went into train_config.json."""
+    from srope.lab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for extra, option in ((["--tokenizer", "/no/such/tokenizer"], "--tokenizer"), (["--tokenizer", str(tokenizer_dir)], "--tokenizer"),
+                          (["--val-fraction", "0.3"], "--val-fraction"), (["--set", "val_fraction=0.3"], "--val-fraction")):  # fmt: skip
+        assert main(["train", "--preset", "gla-tiny", "--data", store, "--max-steps", "1", *extra]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and "is a token store" in err[0] and option in err[0], err
+    assert not (tmp_path / "out").exists()
+    resolved = TrainConfig(data=store).resolved()
+    assert resolved.tokenizer is None and resolved.val_fraction is None  # what is recorded: the store's own
+    assert TrainConfig(data="shakespeare").resolved().tokenizer == "mistral-v1"

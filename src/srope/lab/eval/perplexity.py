@@ -360,7 +360,7 @@ def run_eval(
     import srope.models  # noqa: F401
     from srope.lab.eval.model_dir import autocast_dtype as pick_autocast
     from srope.lab.eval.model_dir import find_train_config, has_tokenizer, load_model, read_json, resolve_device, resolve_model_dir
-    from srope.lab.train.data import load_corpus
+    from srope.lab.train.data import is_store, load_corpus
     from srope.lab.train.tokenizer import MISTRAL_V1
 
     model_dir = resolve_model_dir(model)
@@ -381,14 +381,14 @@ def run_eval(
             raise ValueError(f"no train_config.json beside {model_dir} to read the training data from: pass data (--data SOURCE)")
         data = train_config["data"]
     runs_data = "data" in train_config and _same_source(data, train_config["data"])
-    if tokenizer is None:
+    if tokenizer is None and not is_store(data):  # a token store has its own (and refuses another)
         # The run's own data was tokenised with the run's tokenizer (its token store is in the
         # cache); other data is tokenised with the model's saved copy, so no network is needed.
         if runs_data or not has_tokenizer(model_dir):
-            tokenizer = train_config.get("tokenizer", MISTRAL_V1)
+            tokenizer = train_config.get("tokenizer") or MISTRAL_V1
         else:
             tokenizer = model_dir
-    if val_fraction is None and runs_data:
+    if val_fraction is None and runs_data and not is_store(data):
         val_fraction = train_config.get("val_fraction")  # the split training held out, not a new one
     cache = cache if cache is not None else train_config.get("cache")
     packing = packing or train_config.get("packing", "concat")

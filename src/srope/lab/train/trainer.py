@@ -40,13 +40,14 @@ from srope.models.configuration import position_class
 from srope.lab.config import RunConfig
 from srope.lab.overrides import coerce, parse_literal
 from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from srope.lab.train.data import PackedBatches, eval_batches, load_corpus
+from srope.lab.train.data import PackedBatches, check_store_options, eval_batches, is_store, load_corpus
 from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
 from srope.lab.graphed import GraphCaptureError, StepGraph
 from srope.lab.loop import set_learning_rate, train_steps
 from srope.lab.schedule import warmup_cosine
 from srope.lab.train.optim import build_optimizer
 from srope.lab.train.stops import StopRequested, StopSignals
+from srope.lab.train.tokenizer import MISTRAL_V1
 
 # Settings a resumed run may change (they do not affect the numbers computed).
 RESUME_MAY_CHANGE = {"checkpoint_every", "log_every", "eval_every", "tensorboard", "device", "cache", "cuda_graph"}
@@ -62,7 +63,7 @@ class TrainConfig(RunConfig):
     data: str = "shakespeare"
     cache: str | None = None  # data cache folder (default $SROPE_CACHE or ~/.cache/srope)
     val_fraction: float | None = None  # held-out documents of a local or hf source (default 0.01; fixed for shakespeare)
-    tokenizer: str = "mistral-v1"  # or a local Hugging Face tokenizer folder
+    tokenizer: str | None = None  # "mistral-v1" (None: it, for a source; a token store has its own) or a local Hugging Face tokenizer folder
     max_steps: int = 100
     seq_len: int | None = None
     global_batch_size: int | None = None  # sequences per optimiser step
@@ -94,8 +95,11 @@ class TrainConfig(RunConfig):
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; expected one of {sorted(PRESETS)}")
         defaults = PRESETS[self.preset].training
+        if is_store(self.data):  # its tokenizer and splits were fixed when it was prepared
+            check_store_options(self.data, tokenizer=self.tokenizer, val_fraction=self.val_fraction)
         out = dataclasses.replace(
             self,
+            tokenizer=self.tokenizer if self.tokenizer is not None or is_store(self.data) else MISTRAL_V1,
             seq_len=self.seq_len or defaults.context_length,
             global_batch_size=self.global_batch_size or defaults.global_batch_size,
             lr=self.lr if self.lr is not None else defaults.learning_rate,
