@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from transformers import AutoModelForCausalLM
 import srope.models  # noqa: F401  (registers the Auto classes)
 from srope.models import SRopeForCausalLM, preset_config
 from srope.lab.train.optim import parameter_groups
+from srope.lab.cli import main
 from srope.lab.config import apply_overrides
 from srope.lab.train.trainer import TrainConfig, token_loss_sum, train
 from tests.lab.train.conftest import make_text
@@ -247,3 +249,35 @@ def test_a_token_store_run_refuses_tokenizer_and_val_fraction_and_records_none(s
     resolved = TrainConfig(data=store).resolved()
     assert resolved.tokenizer is None and resolved.val_fraction is None  # what is recorded: the store's own
     assert TrainConfig(data="shakespeare").resolved().tokenizer == "mistral-v1"
+
+
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        ("lr_start=-0.001", "lr_start must be >= 0"),  # trained by gradient ascent and exited 0
+        ("lr_end=-0.0001", "lr_end must be >= 0"),
+        ("lr=-0.001", "lr must be > 0"),
+        ("lr=0", "lr must be > 0"),
+        ("lr=nan", "lr must be > 0"),
+        ("lr=inf", "lr must be > 0"),
+        ("lr_start=0.5", "lr_start (0.5) must not exceed the peak lr"),
+        ("weight_decay=-1", "weight_decay must be >= 0"),
+        ("eval_every=-1", "eval_every must be an integer >= 0 (0: only at the end)"),
+        ("global_batch_size=0", "global_batch_size must be a positive integer, got 0"),  # became the preset's value
+        ("seq_len=0", "seq_len must be a positive integer, got 0"),
+        ("beta1=1", "beta1 must be in [0, 1)"),
+        ("beta2=-0.5", "beta2 must be in [0, 1)"),
+        ("eps=0", "eps must be > 0"),
+        ("grad_clip=nan", "grad_clip must be >= 0"),
+        ("seed=-1", "seed must be an integer >= 0"),
+        ("parallel=tp", "parallel must be 'ddp' or 'fsdp'"),
+    ],
+)
+def test_out_of_range_settings_are_refused_with_the_allowed_range(setting, expected, tmp_path, capsys, monkeypatch):
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        apply_overrides(TrainConfig(lr=1e-3), [setting]).resolved()
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--preset", "gla-tiny", "--max-steps", "2", "--set", "lr=0.001", "--set", setting]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and expected in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -53,6 +53,28 @@ from srope.lab.train.tokenizer import MISTRAL_V1
 RESUME_MAY_CHANGE = {"checkpoint_every", "log_every", "eval_every", "tensorboard", "device", "cache", "cuda_graph"}
 
 
+# The allowed range of every numeric setting, checked by TrainConfig.resolved() (the one place).
+INTEGER_RANGES = (  # name, minimum, what the smallest means
+    ("max_steps", 1, ""), ("seq_len", 1, ""), ("global_batch_size", 1, ""), ("checkpoint_every", 1, ""), ("log_every", 1, ""),
+    ("eval_rows", 1, ""), ("eval_every", 0, " (0: only at the end)"), ("seed", 0, ""),
+)  # fmt: skip
+NUMBER_RANGES = (  # name, test, the range in words (each also finite)
+    ("lr", lambda v: v > 0, "> 0"),
+    ("lr_start", lambda v: v >= 0, ">= 0"),
+    ("lr_end", lambda v: v >= 0, ">= 0"),
+    ("warmup", lambda v: 0 <= v < 1, "in [0, 1) (warmup is the fraction of the steps spent warming up)"),
+    ("weight_decay", lambda v: v >= 0, ">= 0"),
+    ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("eps", lambda v: v > 0, "> 0"),
+    ("grad_clip", lambda v: v >= 0, ">= 0 (0: no clipping)"),
+)
+CHOICES = (
+    ("packing", ("concat", "documents")), ("dtype", ("auto", "float32", "bfloat16")), ("parallel", ("ddp", "fsdp")),
+    ("fsdp_param_dtype", ("auto", "float32")), ("cuda_graph", ("auto", "on", "off")),
+)  # fmt: skip
+
+
 @dataclass
 class TrainConfig(RunConfig):
     """Everything a run depends on. ``None`` sizes come from the preset's training defaults."""
@@ -100,29 +122,28 @@ class TrainConfig(RunConfig):
         out = dataclasses.replace(
             self,
             tokenizer=self.tokenizer if self.tokenizer is not None or is_store(self.data) else MISTRAL_V1,
-            seq_len=self.seq_len or defaults.context_length,
-            global_batch_size=self.global_batch_size or defaults.global_batch_size,
+            seq_len=defaults.context_length if self.seq_len is None else self.seq_len,  # 0 is refused below, not the preset's
+            global_batch_size=defaults.global_batch_size if self.global_batch_size is None else self.global_batch_size,
             lr=self.lr if self.lr is not None else defaults.learning_rate,
         )
-        for name in ("max_steps", "seq_len", "global_batch_size", "checkpoint_every", "log_every", "eval_rows"):
-            if not isinstance(getattr(out, name), int) or getattr(out, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(out, name)!r}")
-        if not (isinstance(out.grad_clip, (int, float)) and out.grad_clip >= 0):
-            raise ValueError(f"grad_clip must be >= 0 (0: no clipping), got {out.grad_clip!r}")
-        if out.packing not in ("concat", "documents"):
-            raise ValueError(f"packing must be 'concat' or 'documents', got {out.packing!r}")
-        if out.dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {out.dtype!r}")
+        for name, minimum, meaning in INTEGER_RANGES:
+            value = getattr(out, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+                raise ValueError(f"{name} must be {allowed}{meaning}, got {value!r}")
+        for name, accept, allowed in NUMBER_RANGES:
+            value = getattr(out, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not accept(value):
+                raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        for name, choices in CHOICES:
+            if getattr(out, name) not in choices:
+                raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {getattr(out, name)!r}")
         if out.val_fraction is not None and not (isinstance(out.val_fraction, float) and 0 < out.val_fraction < 1):
             raise ValueError(f"val_fraction must be a number in (0, 1), got {out.val_fraction!r}")
-        if out.fsdp_param_dtype not in ("auto", "float32"):
-            raise ValueError(f"fsdp_param_dtype must be 'auto' (the autocast dtype) or 'float32', got {out.fsdp_param_dtype!r}")
-        if out.cuda_graph not in ("auto", "on", "off"):
-            raise ValueError(f"cuda_graph must be 'auto', 'on' or 'off', got {out.cuda_graph!r}")
-        if not 0 <= out.warmup < 1:
-            raise ValueError(f"warmup is the fraction of the steps spent warming up, in [0, 1), got {out.warmup!r}")
         if out.lr_end > out.lr:
             raise ValueError(f"lr_end ({out.lr_end:g}) must not exceed the peak lr ({out.lr:g}): the cosine decays to it; --set lr_end=... lower")
+        if out.warmup > 0 and out.lr_start > out.lr:
+            raise ValueError(f"lr_start ({out.lr_start:g}) must not exceed the peak lr ({out.lr:g}): the warm-up climbs from it; --set lr_start=... lower")
         if out.micro_batch_size is not None and (not isinstance(out.micro_batch_size, int) or out.micro_batch_size < 1):
             raise ValueError(f"micro_batch_size must be a positive integer, got {out.micro_batch_size!r}")
         return out
