@@ -281,3 +281,14 @@ def test_out_of_range_settings_are_refused_with_the_allowed_range(setting, expec
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and expected in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_vocabulary_smaller_than_the_tokenizers_is_refused(store, tmp_path, capsys, monkeypatch):
+    """--set model.vocab_size=10 with a 400-token tokenizer was an IndexError traceback mid-step."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--preset", "gla-tiny", "--data", store, "--max-steps", "2", "--set", "seq_len=32", "--set", "global_batch_size=4",
+            "--set", "model.hidden_size=32", "--set", "model.num_heads=2", "--set", "tensorboard=false", "--set", "model.vocab_size=10"]  # fmt: skip
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "model.vocab_size 10 is smaller than the tokenizer's vocabulary of 400 tokens" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -335,7 +335,14 @@ def _check_finite(loss: float, grad_norm: float, step: int, out: Path) -> None:
 
 
 def _check_data(corpus, config: TrainConfig, world: World) -> None:
-    """Enough tokens for one global batch and one held-out row, or an error that says how many."""
+    """A model vocabulary that holds every token id, enough tokens for one global batch and one
+    held-out row; else an error that says what is needed."""
+    vocab = config.model.get("vocab_size")
+    if vocab is not None and vocab < corpus.vocab_size:
+        raise ValueError(
+            f"model.vocab_size {vocab} is smaller than the tokenizer's vocabulary of {corpus.vocab_size} tokens (ids up to "
+            f"{corpus.vocab_size - 1}); leave model.vocab_size unset (it is the tokenizer's) or set it >= {corpus.vocab_size}"
+        )
     need_train = config.global_batch_size * config.seq_len + 1
     need_val = world.size * config.seq_len + 1
     hints = "use more text, fewer/shorter rows (--set global_batch_size=..., --set seq_len=...)"
