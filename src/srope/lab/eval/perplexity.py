@@ -359,11 +359,12 @@ def run_eval(
     # registered it falls back to a bare config with a misleading warning about the model type.
     import srope.models  # noqa: F401
     from srope.lab.eval.model_dir import autocast_dtype as pick_autocast
-    from srope.lab.eval.model_dir import find_train_config, has_tokenizer, load_model, read_json, resolve_device, resolve_model_dir
+    from srope.lab.eval.model_dir import find_train_config, has_tokenizer, load_model, read_model_config, resolve_device, resolve_model_dir
     from srope.lab.train.data import is_store, load_corpus
     from srope.lab.train.tokenizer import MISTRAL_V1
 
     model_dir = resolve_model_dir(model)
+    config = read_model_config(model_dir)  # before anything reads it (AutoTokenizer does)
     out = Path(out) if out is not None else default_out(model_dir)
     if out.suffix != ".json":
         raise ValueError(f"out must be a .json file path, got {os.fspath(out)!r}")
@@ -409,7 +410,6 @@ def run_eval(
             log(skipped_message(int(train_seq_len), skipped, num_tokens, split))
     else:
         check_seq_lens_fit(seq_lens, num_tokens, split)
-    config = read_json(model_dir / "config.json", "the model's configuration, written by save_pretrained")
     if corpus.vocab_size > config.get("vocab_size", 0):
         raise ValueError(f"the corpus's tokenizer has {corpus.vocab_size} tokens but the model's vocabulary is {config.get('vocab_size')}")
     if has_tokenizer(model_dir) and not _same_tokenizer(corpus, model_dir):
