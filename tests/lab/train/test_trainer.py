@@ -162,7 +162,7 @@ def test_a_plain_text_file_trains_end_to_end(tokenizer_dir, tmp_path, capsys, mo
     printed = capsys.readouterr()
     out = tmp_path / "out" / "train" / "gla-tiny-selective_rope"
     report = printed.err + printed.out
-    for expected in ("data   corpus.txt: train ", " documents, val ", "model  gla-tiny, gla + selective_rope: ", f"out    {Path('out/train/gla-tiny-selective_rope')}",
+    for expected in (f"data   {tmp_path / 'corpus.txt'}: train ", " documents, val ", "model  gla-tiny, gla + selective_rope: ", f"out    {Path('out/train/gla-tiny-selective_rope')}",
                      "model  out/train/gla-tiny-selective_rope/model", "logs   out/train/gla-tiny-selective_rope/metrics.jsonl", "time   data "):  # fmt: skip
         assert expected in report, report
     final = json.loads(printed.out.strip().splitlines()[-1])

@@ -288,6 +288,15 @@ class TextSource:
         return _hf_documents(self)
 
 
+def local_path(spec: str | os.PathLike) -> Path | None:
+    """The absolute local path a ``--data`` value names (it need not exist), or None for
+    ``shakespeare`` and ``hf:NAME``, which name no local path."""
+    text = os.fspath(spec)
+    if text == "shakespeare" or text.startswith("hf:"):
+        return None
+    return Path(os.path.abspath(Path(text).expanduser()))
+
+
 def resolve_source(
     spec: str | os.PathLike | TextSource,
     *,

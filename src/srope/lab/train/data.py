@@ -77,7 +77,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from srope.lab.train.corpus import SHAKESPEARE_TEST, SHAKESPEARE_VALIDATION, TextSource, _publish, _write_json, cache_dir, local_files, read_json, resolve_source
+from srope.lab.train.corpus import SHAKESPEARE_TEST, SHAKESPEARE_VALIDATION, TextSource, _publish, _write_json, cache_dir, local_files, local_path, read_json, resolve_source
 from srope.lab.train.tokenizer import MISTRAL_V1, encode, load_tokenizer, tokenizer_fingerprint
 
 IGNORE_INDEX = -100
@@ -187,9 +187,9 @@ def is_store(source) -> bool:
     ``meta.json`` that names the store format, or with ``meta.json`` beside token files (a store
     whose metadata is damaged: :func:`open_store` says so rather than reading it as text).
     ``shakespeare`` and ``hf:NAME`` never are."""
-    if not isinstance(source, (str, os.PathLike)) or os.fspath(source) == "shakespeare" or os.fspath(source).startswith("hf:"):
+    path = local_path(source) if isinstance(source, (str, os.PathLike)) else None
+    if path is None:
         return False
-    path = Path(source).expanduser()
     meta = path / "meta.json"
     if not meta.is_file():
         return False

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import shutil
 import signal
 import time
@@ -40,6 +41,7 @@ from srope.models.configuration import position_class
 from srope.lab.config import RunConfig
 from srope.lab.overrides import coerce, parse_literal
 from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from srope.lab.train.corpus import local_path
 from srope.lab.train.data import PackedBatches, check_store_options, eval_batches, is_store, load_corpus
 from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
 from srope.lab.graphed import GraphCaptureError, StepGraph
@@ -117,11 +119,17 @@ class TrainConfig(RunConfig):
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; expected one of {sorted(PRESETS)}")
         defaults = PRESETS[self.preset].training
-        if is_store(self.data):  # its tokenizer and splits were fixed when it was prepared
+        if is_store(self.data):  # its tokenizer and splits were fixed when it was prepared: none is recorded
             check_store_options(self.data, tokenizer=self.tokenizer, val_fraction=self.val_fraction)
+            tokenizer = None
+        else:
+            tokenizer = MISTRAL_V1 if self.tokenizer in (None, MISTRAL_V1) else _absolute(self.tokenizer)
         out = dataclasses.replace(
             self,
-            tokenizer=self.tokenizer if self.tokenizer is not None or is_store(self.data) else MISTRAL_V1,
+            # local paths absolute, so that the run records what it reads, for srope eval from any directory
+            data=_absolute(self.data),
+            tokenizer=tokenizer,
+            cache=None if self.cache is None else os.path.abspath(os.path.expanduser(self.cache)),
             seq_len=defaults.context_length if self.seq_len is None else self.seq_len,  # 0 is refused below, not the preset's
             global_batch_size=defaults.global_batch_size if self.global_batch_size is None else self.global_batch_size,
             lr=self.lr if self.lr is not None else defaults.learning_rate,
@@ -175,6 +183,13 @@ class TrainConfig(RunConfig):
     def model_config(self, vocab_size: int):
         """The run's ``SRopeConfig`` (a bad model or position option raises here)."""
         return preset_config(self.preset, position=self.position, **{"vocab_size": vocab_size, **self.model})
+
+
+def _absolute(spec):
+    """An existing local path of ``--data`` or ``--tokenizer`` made absolute; anything else as it is
+    (``shakespeare``, ``hf:NAME``, a missing path, which fails later with a hint)."""
+    path = local_path(spec) if isinstance(spec, (str, os.PathLike)) else None
+    return str(path) if path is not None and path.exists() else spec
 
 
 def _model_value(name: str, value):
