@@ -177,3 +177,12 @@ def test_the_run_folder_is_named_from_the_settings_that_run(tmp_path, monkeypatc
         (train_config, train_out), (sweep_config, sweep_out) = calls[-2:]
         assert train_out == f"out/train/{folder}" and sweep_out == f"out/sweep/{folder}", (extra, train_out, sweep_out)
         assert train_config.position == sweep_config.position == position
+
+
+@pytest.mark.parametrize("argv, expected", [(["--position", "rope", "--set", "position_type=nope"], "--position 'rope' and --set position_type=nope disagree"),
+                                            (["--mixer", "gla", "--set", "mixer=attention"], "--mixer 'gla' and --set mixer=attention disagree")])
+def test_synth_refuses_an_option_and_a_set_that_disagree(argv, expected, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["synth", "copying", "--preset", "cpu", *argv, "--dry-run"]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("srope synth: error: ") and expected in line, line
