@@ -59,6 +59,8 @@ def _error_line(capsys) -> str:
     [
         (["train", "--preset", "gla-tin", "--max-steps", "3"], "unknown preset 'gla-tin'"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--data", "no/such/file.txt"], "no such file or folder"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--data", "data/nope.txt"], "'data/nope.txt': no such file or folder"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--data", "owner/corpus"], "did you mean hf:owner/corpus?"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--position", "ropee"], "position type must be one of"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "lr=fast"], "--set lr: expected a number, got 'fast'"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "learning_rate=1"], "unknown setting 'learning_rate'"),
@@ -128,3 +130,59 @@ def test_sweep_default_grid_is_the_papers():
 
     args = build_parser().parse_args(["sweep-lr", "--preset", "gla-tiny", "--max-steps", "1"])
     assert args.lrs is None and PAPER_LRS == (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # the help text names this grid
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--position", "rope", "--set", "position=nope"], "--position 'rope' and --set position=nope disagree"),
+        (["--position", "rope", "--set", 'position={"type": "selective_rope"}'], "--position 'rope' and --set position="),
+        (["--set", "preset=gla-370m"], "--preset 'gla-tiny' and --set preset=gla-370m disagree"),
+        (["--set", "max_steps=5"], "--max-steps 3 and --set max_steps=5 disagree"),
+        (["--val-fraction", "0.1", "--set", "val_fraction=0.2"], "--val-fraction 0.1 and --set val_fraction=0.2 disagree"),
+        (["--data", "a.txt", "--set", "data=b.txt"], "--data 'a.txt' and --set data=b.txt disagree"),
+    ],
+)
+def test_an_option_and_a_set_that_disagree_are_refused(argv, expected, tmp_path, capsys, monkeypatch):
+    """--set position=nope overrode --position rope while the run folder was named ...-rope."""
+    monkeypatch.chdir(tmp_path)
+    for command in ("train", "sweep-lr"):
+        assert main([command, "--preset", "gla-tiny", "--max-steps", "3", *argv]) == 2
+        line = _error_line(capsys)
+        assert line.startswith(f"srope {command}: error: ") and expected in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_run_folder_is_named_from_the_settings_that_run(tmp_path, monkeypatch):
+    """One source for each setting: --set alone names the folder, an option with the same value
+    or with options of its encoding agrees."""
+    import srope.lab.train.sweep as sweep
+    import srope.lab.train.trainer as trainer
+
+    calls = []
+    monkeypatch.setattr(trainer, "train", lambda config, out, **kw: calls.append((config, out)) or {})
+    monkeypatch.setattr(sweep, "sweep_lr", lambda config, out, lrs: calls.append((config, out)) or {"chosen": None})
+    monkeypatch.setattr(sweep, "format_table", lambda summary: "")
+    monkeypatch.chdir(tmp_path)
+    base = ["--preset", "gla-tiny", "--max-steps", "3"]
+    for extra, folder, position in (
+        (["--set", "position=nope"], "gla-tiny-nope", {"type": "nope"}),
+        (["--set", "preset=gdn-tiny", "--preset", "gdn-tiny"], "gdn-tiny-selective_rope", "selective_rope"),
+        (["--position", "rope", "--set", "position=rope"], "gla-tiny-rope", {"type": "rope"}),
+        (["--position", "selective_rope", "--set", "position.gate=null"], "gla-tiny-selective_rope", {"type": "selective_rope", "gate": None}),
+        ([], "gla-tiny-selective_rope", "selective_rope"),
+    ):
+        main(["train", *base, *extra])
+        main(["sweep-lr", *base, *extra])
+        (train_config, train_out), (sweep_config, sweep_out) = calls[-2:]
+        assert train_out == f"out/train/{folder}" and sweep_out == f"out/sweep/{folder}", (extra, train_out, sweep_out)
+        assert train_config.position == sweep_config.position == position
+
+
+@pytest.mark.parametrize("argv, expected", [(["--position", "rope", "--set", "position_type=nope"], "--position 'rope' and --set position_type=nope disagree"),
+                                            (["--mixer", "gla", "--set", "mixer=attention"], "--mixer 'gla' and --set mixer=attention disagree")])
+def test_synth_refuses_an_option_and_a_set_that_disagree(argv, expected, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["synth", "copying", "--preset", "cpu", *argv, "--dry-run"]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("srope synth: error: ") and expected in line, line

@@ -88,11 +88,16 @@ def _run_name(*parts) -> str:
     return "-".join(str(p).replace("/", "-") for p in parts if p)
 
 
+def _position_type(position) -> str:
+    """The type name of a run's position setting (a name or ``{"type": ..., options}``)."""
+    return position if isinstance(position, str) else dict(position).get("type")
+
+
 def _train(args: argparse.Namespace) -> int:
     from srope.lab.train.trainer import train
 
     config = _run_config(args)
-    out = args.out or os.path.join(OUT, "train", _run_name(config.preset, args.position))
+    out = args.out or os.path.join(OUT, "train", _run_name(config.preset, _position_type(config.position)))
     metrics = train(config, out, resume=args.resume, stop_after=args.stop_after, verbose=True)
     if metrics and os.environ.get("RANK", "0") == "0":
         print(json.dumps(metrics))
@@ -105,7 +110,8 @@ def _sweep(args: argparse.Namespace) -> int:
     if any(pair.split("=", 1)[0] == "lr" for pair in args.set or []):
         raise ValueError("sweep-lr sets lr itself: pass the grid with --lrs, not --set lr=...")
     lrs = parse_lrs(args.lrs) if args.lrs is not None else list(PAPER_LRS)
-    summary = sweep_lr(_run_config(args), args.out or os.path.join(OUT, "sweep", _run_name(args.preset, args.position)), lrs)
+    config = _run_config(args)
+    summary = sweep_lr(config, args.out or os.path.join(OUT, "sweep", _run_name(config.preset, _position_type(config.position))), lrs)
     if os.environ.get("RANK", "0") == "0":
         print(format_table(summary))
     return 0 if summary["chosen"] else 1
@@ -175,23 +181,35 @@ class _Parser(argparse.ArgumentParser):
 def _add_run_arguments(parser: argparse.ArgumentParser, *, what: str, sets: str = "(repeatable)") -> None:
     """What srope train and srope sweep-lr both take to describe a run."""
     parser.add_argument("--preset", required=True, help="model preset (see `srope models`)")
-    parser.add_argument("--position", default="selective_rope", help="nope | rope | selective_rope (options via --set position.KEY=VALUE)")
-    parser.add_argument("--data", default="shakespeare", help="shakespeare | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a prepared token store")
+    parser.add_argument("--position", default=None, help="nope | rope | selective_rope (default; options via --set position.KEY=VALUE)")
+    parser.add_argument("--data", default=None, help="shakespeare (default) | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a prepared token store")
     parser.add_argument("--cache", default=None, help="data cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
-    parser.add_argument("--tokenizer", default="mistral-v1", help="mistral-v1 (the paper's; default) or a local Hugging Face tokenizer folder")
+    parser.add_argument("--tokenizer", default=None, help="mistral-v1 (the paper's; default) or a local Hugging Face tokenizer folder (not with a token store, which has its own)")
     parser.add_argument("--val-fraction", type=_fraction, default=None, help="held-out fraction of the documents of a local or hf source, half the validation split (lr choice, evals while training), half the test split (srope eval) (default 0.01; the same as --set val_fraction=...)")
     parser.add_argument("--max-steps", type=_positive_int, required=True, help=what)
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help=f"override a TrainConfig field, model.FIELD or position.OPTION {sets}")
 
 
 def _run_config(args: argparse.Namespace):
-    """The TrainConfig the run arguments describe (--set applied and checked)."""
+    """The TrainConfig the run arguments describe (--set applied and checked). A setting given
+    both as an option and with --set must agree (the run folder is named from the result)."""
     from srope.lab.config import apply_overrides
+    from srope.lab.overrides import parse_assignments
     from srope.lab.train.trainer import TrainConfig
 
-    config = TrainConfig(preset=args.preset, position=args.position, data=args.data, max_steps=args.max_steps, cache=args.cache, tokenizer=args.tokenizer)
-    extra = [f"val_fraction={args.val_fraction}"] if args.val_fraction is not None else []
-    return apply_overrides(config, extra + (args.set or []))
+    options = {"preset": args.preset, "position": args.position, "data": args.data, "cache": args.cache, "tokenizer": args.tokenizer,
+               "val_fraction": args.val_fraction, "max_steps": args.max_steps}  # fmt: skip
+    given = {key: value for key, value in options.items() if value is not None}
+    config = apply_overrides(TrainConfig(**given), args.set or [])
+    sets = parse_assignments(args.set)
+    for key, value in given.items():
+        final = _position_type(config.position) if key == "position" else getattr(config, key)
+        if key in sets and final != value:
+            raise ValueError(
+                f"--{key.replace('_', '-')} {value!r} and --set {key}={sets[key]} disagree: give the setting once"
+                + (" (--set position.KEY=VALUE sets options of the --position encoding)" if key == "position" else "")
+            )
+    return config
 
 
 def _add_train(commands) -> None:
@@ -232,7 +250,7 @@ def _add_data(commands) -> None:
     )
     prepare.add_argument("source", help="shakespeare | a .txt/.jsonl/.json/.parquet file or folder | hf:NAME[:CONFIG]")
     prepare.add_argument("--cache", default=None, help="cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
-    prepare.add_argument("--tokenizer", default="mistral-v1", help="mistral-v1 (default) or a local HF tokenizer folder")
+    prepare.add_argument("--tokenizer", default=None, help="mistral-v1 (default) or a local HF tokenizer folder")
     prepare.add_argument("--split", default="train", help="dataset split to read (hf sources; default: train)")
     prepare.add_argument("--text-field", default="text", help="column holding the text (default: text)")
     prepare.add_argument("--revision", default=None, help="dataset revision (hf sources)")

@@ -219,3 +219,39 @@ def test_cuda_matches_the_cpu(trained_run, eval_store, packing):
         assert math.isclose(a["loss"], ref["loss"], rel_tol=5e-3), (a["loss"], ref["loss"])  # fla: TF32 dot products
         assert math.isclose(b["loss"], ref["loss"], rel_tol=1e-2), (b["loss"], ref["loss"])
         np.testing.assert_allclose(a["positions"]["loss"], ref["positions"]["loss"], rtol=5e-3)
+
+
+def test_eval_from_another_directory_scores_the_file_the_run_trained_on(tokenizer_dir, tmp_path, monkeypatch):
+    """A run started with relative paths (--data corpus.txt --tokenizer tok --cache cache) and
+    evaluated from another directory: it scored that directory's corpus.txt and recorded the
+    same source. The run now records absolute paths, and eval records the file it read."""
+    import random
+
+    from srope.lab.cli import main
+    from srope.lab.train.data import load_corpus
+    from tests.lab.train.conftest import make_text
+
+    rng = random.Random(11)
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    for folder in (here, elsewhere):
+        folder.mkdir()
+        (folder / "corpus.txt").write_text("\n\n".join(make_text(rng, 60).replace("\n\n", " ") for _ in range(40)), encoding="utf-8")
+    shutil.copytree(tokenizer_dir, here / "tok")
+    monkeypatch.chdir(here)
+    argv = ["train", "--preset", "gla-tiny", "--data", "corpus.txt", "--tokenizer", "tok", "--cache", "cache", "--max-steps", "2", "--out", "run",
+            "--val-fraction", "0.2", "--set", "seq_len=32", "--set", "global_batch_size=4", "--set", "tensorboard=false", "--set", "eval_rows=4",
+            "--set", "model.hidden_size=32", "--set", "model.num_heads=2"]  # fmt: skip
+    assert main(argv) == 0
+    recorded = json.loads((here / "run" / "train_config.json").read_text())
+    assert (recorded["data"], recorded["tokenizer"], recorded["cache"]) == (str(here / "corpus.txt"), str(here / "tok"), str(here / "cache"))
+    monkeypatch.chdir(elsewhere)  # holds another corpus.txt (and no tok/ or cache/)
+    result = run_eval(here / "run", out=elsewhere / "r.json", seq_lens=[32], device="cpu", dtype="float32", plot=False)
+    trained = load_corpus(here / "corpus.txt", here / "tok", cache=here / "cache", val_fraction=0.2)
+    assert result["data"]["source"] == str(here / "corpus.txt") and result["data"]["store"] == str(trained.path)
+    assert result["data"]["source_sha256"] == trained.meta["source_sha256"]
+    # A run recorded before paths were stored absolute: eval says which file it reads for the relative path.
+    (here / "run" / "train_config.json").write_text(json.dumps({**recorded, "data": "corpus.txt", "tokenizer": str(here / "tok")}))
+    warnings = []
+    result = run_eval(here / "run", out=elsewhere / "r.json", seq_lens=[32], device="cpu", dtype="float32", plot=False, warn=warnings.append)
+    assert result["data"]["source"] == str(elsewhere / "corpus.txt")
+    assert any("relative" in line and str(elsewhere / "corpus.txt") in line for line in warnings), warnings

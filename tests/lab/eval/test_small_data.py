@@ -199,3 +199,28 @@ def test_the_command_names_a_damaged_model_file_in_one_line(trained_run, eval_st
     assert main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("srope eval: error: ") and str(weights) in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda config: {**config, "hidden_size": config["hidden_size"] * 2}, "do not match"),  # every shape differs
+        (lambda config: {**config, "vocab_size": config["vocab_size"] + 8}, "do not match"),
+        (lambda config: {**config, "model_type": "llama"}, "has model_type 'llama', not 'srope'"),
+        (lambda config: {k: v for k, v in config.items() if k != "model_type"}, "has no model_type"),
+    ],
+    ids=["hidden-size", "vocab-size", "llama", "no-model-type"],
+)
+def test_a_config_that_disagrees_with_the_weights_or_is_another_librarys_is_one_line(trained_run, eval_store, tmp_path, capsys, change, expected):
+    """A config.json whose shapes differ from the weights' (a RuntimeError traceback from
+    transformers) or whose model_type is another library's (its model loaded, then failed)."""
+    from srope.lab.cli import main
+
+    model = tmp_path / "model"
+    shutil.copytree(trained_run / "model", model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(change(config)))
+    argv = ["eval", "--model", str(model), "--data", str(eval_store), "--seq-len", "32", "--device", "cpu", "--out", str(tmp_path / "r.json")]
+    assert main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("srope eval: error: ") and expected in lines[0] and str(model / "config.json") in lines[0], lines

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import re
 import shutil
 import tarfile
 import zipfile
@@ -165,7 +166,7 @@ def test_shakespeare_splits_are_whole_works(tokenizer_dir, tmp_path, no_network)
 def test_resolve_source(corpus_dir):
     assert resolve_source("shakespeare") == TextSource("shakespeare")
     assert resolve_source(corpus_dir).kind == "files"
-    hub = resolve_source("HuggingFaceFW/fineweb-edu:sample-10BT", text_field="content")
+    hub = resolve_source("hf:HuggingFaceFW/fineweb-edu:sample-10BT", text_field="content")
     assert (hub.kind, hub.path, hub.config, hub.text_field) == ("hf", "HuggingFaceFW/fineweb-edu", "sample-10BT", "content")
     assert resolve_source("hf:" + str(corpus_dir)).kind == "hf"
     with pytest.raises(ValueError, match="no such file or folder"):
@@ -565,15 +566,58 @@ def test_a_missing_optional_package_names_the_extra(tokenizer_dir, tmp_path, mon
     from srope._lazy import MissingDependency
     from srope.lab.cli import main
 
-    lines = tmp_path / "docs.jsonl"
-    lines.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(4)), encoding="utf-8")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = tmp_path / "docs.parquet"  # (JSON lines need no optional package: srope reads them itself)
+    pq.write_table(pa.table({"text": [f"document {i} " * 20 for i in range(4)]}), table)
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
-    with pytest.raises(MissingDependency, match=r"reading json files needs the 'datasets' package .* pip install 'srope\[lm\]'"):
-        load_corpus(lines, tokenizer_dir, cache=tmp_path / "c")
-    argv = ["data", "prepare", str(lines), "--tokenizer", str(tokenizer_dir), "--cache", str(tmp_path / "c")]
+    with pytest.raises(MissingDependency, match=r"reading parquet files needs the 'datasets' package .* pip install 'srope\[lm\]'"):
+        load_corpus(table, tokenizer_dir, cache=tmp_path / "c")
+    argv = ["data", "prepare", str(table), "--tokenizer", str(tokenizer_dir), "--cache", str(tmp_path / "c")]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'srope[lm]'" in err[0], err
     monkeypatch.setitem(sys.modules, "sentencepiece", None)
     with pytest.raises(MissingDependency, match=r"sentencepiece.*srope\[lm\]"):
         sentencepiece_to_hf(tmp_path / "any.model")
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda meta: '{"format": "srope-token-store", "version": 2, "spl', "not valid JSON"),
+        (lambda meta: "[1, 2]", "holds an array, not a JSON object"),
+        (lambda meta: json.dumps({k: v for k, v in meta.items() if k != "splits"}), "has no 'splits.train.tokens'"),
+        (lambda meta: json.dumps({**meta, "splits": {**meta["splits"], "train": {**meta["splits"]["train"], "tokens": "many"}}}), "splits.train.tokens"),
+        (lambda meta: json.dumps({**meta, "dtype": "float99"}), "dtype"),
+        (lambda meta: json.dumps({**meta, "tokenizer": {k: v for k, v in meta["tokenizer"].items() if k != "vocab_size"}}), "has no 'tokenizer.vocab_size'"),
+    ],
+    ids=["cut-short", "array", "no-splits", "bad-count", "bad-dtype", "no-vocab"],
+)
+def test_a_malformed_meta_json_is_a_one_line_error(store, tmp_path, capsys, damage, expected):
+    """A token store whose meta.json is cut short or misses a field: a ValueError naming the file
+    (it was a KeyError traceback, or the store was read as a folder of JSON text)."""
+    from srope.lab.cli import main
+
+    broken = tmp_path / "store"
+    shutil.copytree(store, broken)
+    meta = json.loads((broken / "meta.json").read_text())
+    (broken / "meta.json").write_text(damage(meta))
+    for call in (lambda: open_store(broken), lambda: load_corpus(broken)):
+        with pytest.raises(ValueError, match=rf"meta\.json.*{re.escape(expected)}.*prepare it again"):
+            call()
+    assert main(["data", "prepare", str(broken)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "meta.json" in err[0] and expected in err[0], err
+
+
+def test_a_token_store_refuses_the_options_that_make_one(store, tokenizer_dir):
+    """A store's tokenizer, held-out split and limits were fixed when it was prepared: passing
+    them with a store was ignored (and recorded by srope train as if used); now it is an error."""
+    for options, name in (({"tokenizer": str(tokenizer_dir)}, "tokenizer"), ({"tokenizer": "/no/such/tokenizer"}, "tokenizer"),
+                          ({"val_fraction": 0.3}, "val_fraction"), ({"max_train_tokens": 10}, "max_train_tokens"),
+                          ({"add_bos": False}, "add_bos")):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"is a token store: .*fixed when it was prepared.*leave {name} unset"):
+            load_corpus(store, **options)
+    assert load_corpus(store).path == Path(store)  # the store alone opens as is

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 import srope.models  # noqa: F401  (registers the Auto classes)
 from srope.models import SRopeForCausalLM, preset_config
 from srope.lab.train.optim import parameter_groups
+from srope.lab.cli import main
 from srope.lab.config import apply_overrides
 from srope.lab.train.trainer import TrainConfig, token_loss_sum, train
 from tests.lab.train.conftest import make_text
@@ -161,7 +162,7 @@ def test_a_plain_text_file_trains_end_to_end(tokenizer_dir, tmp_path, capsys, mo
     printed = capsys.readouterr()
     out = tmp_path / "out" / "train" / "gla-tiny-selective_rope"
     report = printed.err + printed.out
-    for expected in ("data   corpus.txt: train ", " documents, val ", "model  gla-tiny, gla + selective_rope: ", f"out    {Path('out/train/gla-tiny-selective_rope')}",
+    for expected in (f"data   {tmp_path / 'corpus.txt'}: train ", " documents, val ", "model  gla-tiny, gla + selective_rope: ", f"out    {Path('out/train/gla-tiny-selective_rope')}",
                      "model  out/train/gla-tiny-selective_rope/model", "logs   out/train/gla-tiny-selective_rope/metrics.jsonl", "time   data "):  # fmt: skip
         assert expected in report, report
     final = json.loads(printed.out.strip().splitlines()[-1])
@@ -264,3 +265,62 @@ def test_stop_after_below_the_resumed_step_is_refused(store, tmp_path):
         with pytest.raises(ValueError, match=f"--stop-after {stop_after}: the run resumes at step 4"):
             train(config, tmp_path, resume=True, stop_after=stop_after)
     assert (sorted(p.name for p in (tmp_path / "checkpoints").iterdir()), (tmp_path / "metrics.jsonl").read_text()) == before
+
+
+def test_a_token_store_run_refuses_tokenizer_and_val_fraction_and_records_none(store, tokenizer_dir, tmp_path, capsys, monkeypatch):
+    """--tokenizer and --val-fraction did nothing with a token store but went into train_config.json."""
+    from srope.lab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for extra, option in ((["--tokenizer", "/no/such/tokenizer"], "--tokenizer"), (["--tokenizer", str(tokenizer_dir)], "--tokenizer"),
+                          (["--val-fraction", "0.3"], "--val-fraction"), (["--set", "val_fraction=0.3"], "--val-fraction")):  # fmt: skip
+        assert main(["train", "--preset", "gla-tiny", "--data", store, "--max-steps", "1", *extra]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and "is a token store" in err[0] and option in err[0], err
+    assert not (tmp_path / "out").exists()
+    resolved = TrainConfig(data=store).resolved()
+    assert resolved.tokenizer is None and resolved.val_fraction is None  # what is recorded: the store's own
+    assert TrainConfig(data="shakespeare").resolved().tokenizer == "mistral-v1"
+
+
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        ("lr_start=-0.001", "lr_start must be >= 0"),  # trained by gradient ascent and exited 0
+        ("lr_end=-0.0001", "lr_end must be >= 0"),
+        ("lr=-0.001", "lr must be > 0"),
+        ("lr=0", "lr must be > 0"),
+        ("lr=nan", "lr must be > 0"),
+        ("lr=inf", "lr must be > 0"),
+        ("lr_start=0.5", "lr_start (0.5) must not exceed the peak lr"),
+        ("weight_decay=-1", "weight_decay must be >= 0"),
+        ("eval_every=-1", "eval_every must be an integer >= 0 (0: only at the end)"),
+        ("global_batch_size=0", "global_batch_size must be a positive integer, got 0"),  # became the preset's value
+        ("seq_len=0", "seq_len must be a positive integer, got 0"),
+        ("beta1=1", "beta1 must be in [0, 1)"),
+        ("beta2=-0.5", "beta2 must be in [0, 1)"),
+        ("eps=0", "eps must be > 0"),
+        ("grad_clip=nan", "grad_clip must be >= 0"),
+        ("seed=-1", "seed must be an integer >= 0"),
+        ("parallel=tp", "parallel must be 'ddp' or 'fsdp'"),
+    ],
+)
+def test_out_of_range_settings_are_refused_with_the_allowed_range(setting, expected, tmp_path, capsys, monkeypatch):
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        apply_overrides(TrainConfig(lr=1e-3), [setting]).resolved()
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--preset", "gla-tiny", "--max-steps", "2", "--set", "lr=0.001", "--set", setting]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and expected in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_vocabulary_smaller_than_the_tokenizers_is_refused(store, tmp_path, capsys, monkeypatch):
+    """--set model.vocab_size=10 with a 400-token tokenizer was an IndexError traceback mid-step."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--preset", "gla-tiny", "--data", store, "--max-steps", "2", "--set", "seq_len=32", "--set", "global_batch_size=4",
+            "--set", "model.hidden_size=32", "--set", "model.num_heads=2", "--set", "tensorboard=false", "--set", "model.vocab_size=10"]  # fmt: skip
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "model.vocab_size 10 is smaller than the tokenizer's vocabulary of 400 tokens" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -19,7 +19,7 @@ def add_eval_commands(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--model", required=True, help="model folder (RUN/model) or run folder of `srope train`")
     ev.add_argument("--data", default=None, help="shakespeare | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a token store (default: the run's)")
     ev.add_argument("--cache", default=None, help="data cache folder (default: the run's, else $SROPE_CACHE or ~/.cache/srope)")
-    ev.add_argument("--tokenizer", default=None, help="tokenizer to prepare --data with (default: the run's for the run's data, else the one saved with the model; must equal the model's)")
+    ev.add_argument("--tokenizer", default=None, help="tokenizer to prepare --data with (default: the run's for the run's data, else the one saved with the model; must equal the model's; not with a token store, which has its own)")
     ev.add_argument("--val-fraction", type=float, default=None, help="held-out fraction of the documents when --data is split here, half val and half test (default: the run's for the run's data, else 0.01)")
     ev.add_argument("--split", default=None, choices=["test", "val"], help="split to score (default: test; val, with a warning, when the store's test split is empty)")
     ev.add_argument("--seq-len", type=int, nargs="+", default=None, metavar="L", help="context lengths (default: 1x 2x 4x the training length, those that fit the split)")

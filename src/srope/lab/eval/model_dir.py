@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from srope.lab.train.corpus import read_json
+
 AUTOCAST_DTYPES = ("auto", "float32", "bfloat16")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -32,17 +34,6 @@ def find_train_config(model_dir: Path) -> dict | None:
         if file.is_file():
             return read_json(file, "the run's settings, written by `srope train`")
     return None
-
-
-def read_json(file: Path, what: str) -> dict:
-    """``file`` parsed as a JSON object; a damaged file is a ValueError that names it."""
-    try:
-        value = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{file} is not valid JSON ({err}); expected {what}") from err
-    if not isinstance(value, dict):
-        raise ValueError(f"{file} holds a JSON {type(value).__name__}; expected an object: {what}")
-    return value
 
 
 def resolve_device(device: str) -> torch.device:
@@ -108,6 +99,17 @@ def check_weights(model_dir: Path) -> list[Path]:
     return files
 
 
+def read_model_config(model_dir: Path) -> dict:
+    """``model_dir/config.json``, checked to describe an srope model (``model_type`` "srope"):
+    another library's config would load another library's model, which srope cannot score."""
+    file = model_dir / "config.json"
+    config = read_json(file, "the model's configuration, written by save_pretrained")
+    if config.get("model_type") != "srope":
+        found = f"has model_type {config['model_type']!r}, not 'srope'" if "model_type" in config else "has no model_type (expected 'srope')"
+        raise ValueError(f"{file} {found}: srope scores models that `srope train` (or srope.models' save_pretrained) wrote")
+    return config
+
+
 def load_model(model_dir: Path, device: torch.device):
     """``AutoModelForCausalLM.from_pretrained`` in float32, in eval mode, on ``device`` (no network).
 
@@ -118,20 +120,31 @@ def load_model(model_dir: Path, device: torch.device):
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    read_json(model_dir / "config.json", "the model's configuration, written by save_pretrained")
+    from transformers.utils import logging as hf_logging
+
+    read_model_config(model_dir)
     files = check_weights(model_dir)
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a small model loads at once; an error stays one line
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True, output_loading_info=True)
+        # mismatched shapes are reported in `info` (and refused below) rather than raised as a RuntimeError
+        model, info = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, local_files_only=True, output_loading_info=True, ignore_mismatched_sizes=True
+        )
     except (OSError, SafetensorError, ValueError) as err:
         names = ", ".join(os.fspath(file) for file in files)
         raise ValueError(f"could not load the model in {model_dir} from {model_dir / 'config.json'} and {names}: {err}") from err
-    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-        keys = sorted(map(str, info.get(kind) or []))
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    mismatched = [f"{key} {list(saved)} in the weights, {list(expected)} by the config" for key, saved, expected in info.get("mismatched_keys") or []]
+    for kind, keys in (("missing keys", info.get("missing_keys")), ("unexpected keys", info.get("unexpected_keys")), ("shapes", mismatched)):
+        keys = sorted(map(str, keys or []))
         if keys:
             shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
             raise ValueError(
                 f"the weights in {', '.join(os.fspath(file) for file in files)} do not match {model_dir / 'config.json'}: "
-                f"{kind.replace('_', ' ')}: {shown}; expected the files of one save_pretrained"
+                f"{kind}: {shown}; expected the files of one save_pretrained"
             )
     return model.to(device).eval()
 

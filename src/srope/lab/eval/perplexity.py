@@ -12,7 +12,8 @@ the model has, and positions at or beyond the training length show the extrapola
 The split is ``test`` by default: training measures ``val`` and learning rates are chosen on
 it, so a perplexity reported there would be optimistic. A store whose ``test`` split is empty
 (a source of a few documents) is scored on ``val`` instead, with a warning; the result's
-``data.split`` names the split actually scored.
+``data.split`` names the split actually scored, ``data.source`` the absolute path of a local
+source (``srope train`` records local paths absolute, so a run's data is found from any directory).
 
 For each context ``L`` the result holds the mean token loss and ``ppl = exp(loss)``, the
 same split into positions below and at/after the training length, and the mean loss per
@@ -359,11 +360,13 @@ def run_eval(
     # registered it falls back to a bare config with a misleading warning about the model type.
     import srope.models  # noqa: F401
     from srope.lab.eval.model_dir import autocast_dtype as pick_autocast
-    from srope.lab.eval.model_dir import find_train_config, has_tokenizer, load_model, read_json, resolve_device, resolve_model_dir
-    from srope.lab.train.data import load_corpus
+    from srope.lab.eval.model_dir import find_train_config, has_tokenizer, load_model, read_model_config, resolve_device, resolve_model_dir
+    from srope.lab.train.corpus import local_path
+    from srope.lab.train.data import is_store, load_corpus
     from srope.lab.train.tokenizer import MISTRAL_V1
 
     model_dir = resolve_model_dir(model)
+    config = read_model_config(model_dir)  # before anything reads it (AutoTokenizer does)
     out = Path(out) if out is not None else default_out(model_dir)
     if out.suffix != ".json":
         raise ValueError(f"out must be a .json file path, got {os.fspath(out)!r}")
@@ -376,19 +379,25 @@ def run_eval(
     train_seq_len = train_config.get("seq_len")
     if seq_lens is None and not train_seq_len:
         raise ValueError(f"no train_config.json beside {model_dir} to read the training length from: pass seq_lens (--seq-len L ...)")
+    warn = warn if warn is not None else lambda line: print(line, file=sys.stderr)
     if data is None:
         if "data" not in train_config:
             raise ValueError(f"no train_config.json beside {model_dir} to read the training data from: pass data (--data SOURCE)")
         data = train_config["data"]
+        if local_path(data) is not None and not Path(os.fspath(data)).expanduser().is_absolute():
+            warn(
+                f"warning: the run recorded --data {data!r} relative to the directory it ran in (before srope stored it absolute); "
+                f"reading {local_path(data)} from here: pass --data to choose the file"
+            )
     runs_data = "data" in train_config and _same_source(data, train_config["data"])
-    if tokenizer is None:
+    if tokenizer is None and not is_store(data):  # a token store has its own (and refuses another)
         # The run's own data was tokenised with the run's tokenizer (its token store is in the
         # cache); other data is tokenised with the model's saved copy, so no network is needed.
         if runs_data or not has_tokenizer(model_dir):
-            tokenizer = train_config.get("tokenizer", MISTRAL_V1)
+            tokenizer = train_config.get("tokenizer") or MISTRAL_V1
         else:
             tokenizer = model_dir
-    if val_fraction is None and runs_data:
+    if val_fraction is None and runs_data and not is_store(data):
         val_fraction = train_config.get("val_fraction")  # the split training held out, not a new one
     cache = cache if cache is not None else train_config.get("cache")
     packing = packing or train_config.get("packing", "concat")
@@ -399,7 +408,7 @@ def run_eval(
     amp = pick_autocast(dtype, where)
 
     corpus = load_corpus(data, tokenizer, cache=cache, val_fraction=val_fraction)
-    split = choose_split(corpus, split, warn if warn is not None else lambda line: print(line, file=sys.stderr))
+    split = choose_split(corpus, split, warn)
     store = corpus.split(split)
     num_tokens = store.num_tokens
     skipped: list[int] = []
@@ -409,7 +418,6 @@ def run_eval(
             log(skipped_message(int(train_seq_len), skipped, num_tokens, split))
     else:
         check_seq_lens_fit(seq_lens, num_tokens, split)
-    config = read_json(model_dir / "config.json", "the model's configuration, written by save_pretrained")
     if corpus.vocab_size > config.get("vocab_size", 0):
         raise ValueError(f"the corpus's tokenizer has {corpus.vocab_size} tokens but the model's vocabulary is {config.get('vocab_size')}")
     if has_tokenizer(model_dir) and not _same_tokenizer(corpus, model_dir):
@@ -425,7 +433,9 @@ def run_eval(
     )  # fmt: skip
     result = {
         "model": os.fspath(model_dir),
-        "data": {"source": os.fspath(data), "store": os.fspath(corpus.path), "split": split, "tokens": num_tokens, "documents": store.num_documents},
+        # what was read: the source's absolute path (with the store's hash of its files), the store and split
+        "data": {"source": os.fspath(local_path(data) or data), "source_sha256": corpus.meta.get("source_sha256"), "store": os.fspath(corpus.path),
+                 "split": split, "tokens": num_tokens, "documents": store.num_documents},  # fmt: skip
         "device": str(where),
         "autocast": None if amp is None else str(amp).replace("torch.", ""),
         "batch_size": batch_size,

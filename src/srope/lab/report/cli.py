@@ -17,7 +17,8 @@ def add_report_arguments(commands: argparse._SubParsersAction) -> argparse.Argum
     report = commands.add_parser(
         "report",
         help="the paper's numbers beside ours: one markdown table and plot per experiment, with verdicts",
-        description="Read result folders (srope synth, srope train / sweep-lr, srope eval, lm-eval, srope demo; searched recursively) and "
+        description="Read result folders (srope synth, srope train / sweep-lr, srope eval, lm-eval, srope demo; searched recursively, "
+        "at most 8 folders deep, hidden and system folders skipped; a folder without results is an error) and "
         "write FOLDER/index.md plus one <experiment>.md and .png per experiment: ours (mean ± sd over seeds) beside the paper's value, "
         "protocol differences, budget as a share of the paper's, provenance (stale and unknown marked) and a verdict per protocol. "
         "MQAR's plot also draws every run's test accuracy after each epoch against its steps, with chance.",

@@ -35,7 +35,11 @@ from srope.lab.report import paper
 
 SYNTH_TASKS = ("mqar", "mad", "copying", "state_tracking")
 OUR_RECIPE = "our recipe"  # how a protocol group that is not the paper's protocol says so (srope demo's)
-SKIP_DIRS = {"checkpoints", "tensorboard", "model", ".git", "__pycache__"}
+SKIP_DIRS = {"checkpoints", "tensorboard", "model", "__pycache__", "node_modules", "site-packages"}  # and every hidden folder
+# The walk's bounds: folders this deep below a given one (results sit 1-5 deep: out/sweep/RUN/lr_X/run.json)
+# and trees that never hold results (a given folder that is one of them is refused).
+MAX_DEPTH = 8
+SYSTEM_DIRS = {Path(p) for p in ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/snap", "/sys", "/usr", "/var")}
 LABELS = {"nope": "NoPE", "rope": "RoPE", "selective_rope": "Selective RoPE"}
 # srope.modules.SelectiveRoPE's defaults for the options the LM ablation (Table 2) varies;
 # tests/lab/report checks them against the module's signature.
@@ -162,19 +166,34 @@ def _read_json(path: Path) -> Any:
 
 
 def _json_files(roots: list[Path]) -> list[Path]:
+    """The ``.json`` files under ``roots`` (files are taken as they are), at most :data:`MAX_DEPTH`
+    folders deep, skipping hidden folders, :data:`SKIP_DIRS`, system trees and folders already seen
+    (a symlink loop); a root that is the filesystem's or a system folder is refused."""
     found: list[Path] = []
+    seen: set[Path] = set()
     for root in roots:
         if root.is_file():
             found.append(root)
             continue
         if not root.is_dir():
             raise FileNotFoundError(f"no such result folder: {root}")
-        stack = [root]
+        if root.resolve() in SYSTEM_DIRS:
+            raise ValueError(f"{root} is a system folder (or the filesystem's root), not a result folder: pass the folders srope's commands wrote (e.g. out/)")
+        stack = [(root, 0)]
         while stack:
-            folder = stack.pop()
-            for entry in sorted(folder.iterdir()):
-                if entry.is_dir() and entry.name not in SKIP_DIRS:
-                    stack.append(entry)
+            folder, depth = stack.pop()
+            real = folder.resolve()
+            if real in seen or real in SYSTEM_DIRS:
+                continue
+            seen.add(real)
+            try:
+                entries = sorted(folder.iterdir())
+            except OSError:  # unreadable: not ours
+                continue
+            for entry in entries:
+                if entry.is_dir():
+                    if depth < MAX_DEPTH and entry.name not in SKIP_DIRS and not entry.name.startswith("."):
+                        stack.append((entry, depth + 1))
                 elif entry.is_file() and entry.suffix == ".json":
                     found.append(entry)
     return sorted(dict.fromkeys(p.resolve() for p in found))

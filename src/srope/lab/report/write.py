@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from srope.lab.report.build import build_pages, index_markdown
-from srope.lab.report.collect import collect
+from srope.lab.report.collect import MAX_DEPTH, collect
 
 
 def write_report(dirs: list[Path | str], out: Path | str = "out/report", *, plots: bool = True) -> dict:
@@ -15,6 +15,11 @@ def write_report(dirs: list[Path | str], out: Path | str = "out/report", *, plot
     if not dirs:
         raise ValueError("srope report needs at least one result folder")
     collected = collect(list(dirs))
+    if not collected.read:
+        raise ValueError(
+            f"no results under {', '.join(map(str, dirs))}: expected the JSON files of srope synth, train, sweep-lr, eval, demo or "
+            f"lm-eval (searched {MAX_DEPTH} folders deep, hidden folders skipped)"
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     pages = build_pages(collected)

