@@ -18,19 +18,21 @@ class FolderInUse(OSError):
 
 
 class RunFolder:
-    """``with RunFolder(out) as folder:`` makes ``out`` if it is missing (``folder.created``)
-    and locks it until the block ends. ``lock=False`` (the other ranks of a distributed run)
-    does neither."""
+    """``with RunFolder(out) as folder:`` makes ``out`` if it is missing (``folder.created``;
+    ``folder.created_root``: the outermost folder that making it made, which a failed start
+    removes) and locks it until the block ends. ``lock=False`` (the other ranks of a
+    distributed run) does neither."""
 
     def __init__(self, path: Path, *, lock: bool = True):
-        self.path, self.lock, self.created, self._fd = Path(path), lock, False, None
+        self.path, self.lock, self.created, self.created_root, self._fd = Path(path), lock, False, None, None
 
     def __enter__(self) -> "RunFolder":
         if not self.lock:
             return self
+        missing = [p for p in (self.path.absolute(), *self.path.absolute().parents) if not p.exists()]
         try:
             self.path.mkdir(parents=True)
-            self.created = True
+            self.created, self.created_root = True, missing[-1] if missing else self.path
         except FileExistsError:
             pass
         self._fd = _acquire(self.path / LOCK_FILE)

@@ -328,7 +328,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, stop_af
                 return _train(config, out, world, resume, stop_after, verbose, progress, source)
             except BaseException:
                 if folder.created and progress["steps"] == 0 and latest_checkpoint(out) is None:
-                    shutil.rmtree(out, ignore_errors=True)  # a failed start leaves no run folder behind
+                    shutil.rmtree(folder.created_root, ignore_errors=True)  # a failed start leaves no folder it made behind
                 raise
     finally:
         close_world(world)
