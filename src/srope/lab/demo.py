@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from srope.lab import provenance
+from srope.lab import plotting, provenance
 from srope.lab.config import RunConfig
 from srope.lab.loop import optimizer_step, train_steps
 from srope.lab.schedule import warmup_stable_decay
@@ -56,6 +56,7 @@ LABELS = {"nope": "NoPE", "rope": "RoPE", "selective_rope": "Selective RoPE"}
 DEVICES = ("cpu", "cuda")
 GROUP = "S2"  # parity
 RESULTS_FILE, PLOT_FILE = "results.json", "parity.png"
+PLOT_PURPOSE = "srope demo's plots (parity.png, seeds.png)"
 
 
 @dataclass(frozen=True)
@@ -600,6 +601,7 @@ def _run_demo(out, device, seed, *, preset, config, workers, progress, source: t
     """:func:`run_demo` with ``source``, the commit taken when the whole command began: the
     worker processes run the code imported then, whatever is committed while they train."""
     check_args(out, device, seed, preset, workers)
+    plotting.require(PLOT_PURPOSE)  # before minutes of training, not after
     if config is None:
         config = PRESETS[preset or device]
     elif not isinstance(config, DemoConfig):
@@ -703,10 +705,7 @@ def format_seed_table(summary: dict) -> str:
 
 def plot_seeds(runs: dict[int, dict], path: Path) -> None:
     """Sequence accuracy against length for every seed: Selective RoPE solid, NoPE and RoPE faint."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plotting.pyplot(PLOT_PURPOSE)
 
     fig, ax = plt.subplots(figsize=(7, 4))
     colors = {"nope": "tab:gray", "rope": "tab:orange", "selective_rope": "tab:blue"}
@@ -845,10 +844,7 @@ def format_table(results: dict) -> str:
 
 def plot(results: dict, path: Path) -> None:
     """Sequence accuracy against length per encoding (training length dashed), and the training loss."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plotting.pyplot(PLOT_PURPOSE)
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for kind in POSITIONS:

@@ -7,6 +7,7 @@ import math
 import textwrap
 from pathlib import Path
 
+from srope.lab import plotting
 from srope.lab.report import paper
 from srope.lab.report.build import PAPER_MQAR, Page, Row, _by_group, _mqar_points
 
@@ -15,12 +16,7 @@ OTHER_COLORS = ("tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"
 
 
 def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return plotting.pyplot("srope report's plots")
 
 
 def _grid(n: int, width: float = 5.2, height: float = 3.8):

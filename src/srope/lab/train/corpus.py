@@ -339,7 +339,7 @@ def _file_documents(path: Path, text_field: str) -> Iterator[Document]:
                 for i, document in enumerate(split_text(text)):
                     yield Document(document, f"{name}#{i}")
         else:
-            datasets = optional_import("datasets", extra="lm", purpose=f"reading {kind} files")
+            datasets = optional_import("datasets", extra="data", purpose=f"reading {kind} files")
             stream = datasets.load_dataset(kind, data_files=[str(p) for p in group], split="train", streaming=True)
             yield from _rows_to_documents(stream, text_field, f"local {kind} files under {root}")
 
@@ -373,7 +373,7 @@ def split_text(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> list[str]:
 
 
 def _hf_documents(source: TextSource) -> Iterator[Document]:
-    datasets = optional_import("datasets", extra="lm", purpose="a Hugging Face dataset source")
+    datasets = optional_import("datasets", extra="data", purpose="a Hugging Face dataset source")
 
     stream = datasets.load_dataset(source.path, name=source.config, split=source.split, streaming=True, revision=source.revision)
     yield from _rows_to_documents(stream, source.text_field, f"dataset {source.path!r}")
