@@ -5,12 +5,24 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.srope-installed
 
+# PyPI's torch for Linux is the CUDA build (several GB more than the CPU one). On Linux without
+# a CUDA GPU (no working nvidia-smi) torch comes from PyTorch's CPU index, whose 2.13.0+cpu
+# satisfies requirements-cpu.txt's torch==2.13.0. TORCH_INDEX= (empty) keeps PyPI's build;
+# TORCH_INDEX=URL names another index.
+ifeq ($(shell uname -s),Linux)
+ifeq ($(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),)
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+endif
+endif
+
 .PHONY: demo test
 
+# The pinned packages first (from TORCH_INDEX when set), then srope and its extras within the pins.
 $(STAMP): pyproject.toml requirements-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements-cpu.txt -e '.[dev,lm]'
+	$(BIN)/python -m pip install -q -r requirements-cpu.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install -q -c requirements-cpu.txt -e '.[dev,lm]'
 	touch $(STAMP)
 
 demo: $(STAMP)

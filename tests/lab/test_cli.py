@@ -57,11 +57,9 @@ def _error_line(capsys) -> str:
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["train", "--preset", "gla-tin", "--max-steps", "3"], "unknown preset 'gla-tin'"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--data", "no/such/file.txt"], "no such file or folder"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--data", "data/nope.txt"], "'data/nope.txt': no such file or folder"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--data", "owner/corpus"], "did you mean hf:owner/corpus?"),
-        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--position", "ropee"], "position type must be one of"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "lr=fast"], "--set lr: expected a number, got 'fast'"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "learning_rate=1"], "unknown setting 'learning_rate'"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "model.hidden_size=big"], "model.hidden_size: expected an integer"),
@@ -70,7 +68,8 @@ def _error_line(capsys) -> str:
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "position.projection_gain=big"], "position.projection_gain: expected a number"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--resume"], "--resume: no checkpoint"),
         (["synth", "copying", "--set", "bogus=1"], "bogus"),
-        (["synth", "parity"], "parity"),
+        (["synth", "parity"], "unknown synthetic task 'parity'"),
+        (["synth", "mqar", "--preset", "relese"], "unknown preset 'relese' for mqar; choose one of release, zoology, paper, cpu"),
         (["eval", "--model", "no/such/run"], "no/such/run"),
         (["lm-eval", "--model", "no/such/run", "--tasks", "piqa"], "no/such/run"),
     ],
@@ -90,6 +89,9 @@ def test_user_errors_are_one_line_with_exit_code_2(argv, expected, tmp_path, cap
         (["train", "--preset", "gla-tiny"], "the following arguments are required: --max-steps"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--val-fraction", "2"], "expected a number in (0, 1)"),
         (["trian"], "invalid choice: 'trian'"),
+        (["train", "--preset", "gla-tin", "--max-steps", "3"], "argument --preset: invalid choice: 'gla-tin'"),
+        (["sweep-lr", "--preset", "gla-tin", "--max-steps", "3"], "argument --preset: invalid choice: 'gla-tin'"),
+        (["train", "--preset", "gla-tiny", "--max-steps", "3", "--position", "ropee"], "argument --position: invalid choice: 'ropee'"),
         (["demo", "--seeds", "4-1"], "expected seeds like 0-4"),
     ],
 )
@@ -102,13 +104,62 @@ def test_usage_errors_are_one_line_with_exit_code_2(argv, expected, capsys):
 
 def test_debug_shows_the_traceback(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match="unknown preset"):
-        main(["--debug", "train", "--preset", "gla-tin", "--max-steps", "3"])
-    with pytest.raises(ValueError, match="unknown preset"):
-        main(["train", "--preset", "gla-tin", "--max-steps", "3", "--debug"])
+    with pytest.raises(ValueError, match="expected a number"):
+        main(["--debug", "train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "lr=fast"])
+    with pytest.raises(ValueError, match="expected a number"):
+        main(["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "lr=fast", "--debug"])
     monkeypatch.setenv("SROPE_DEBUG", "1")
-    with pytest.raises(ValueError, match="unknown preset"):
-        main(["train", "--preset", "gla-tin", "--max-steps", "3"])
+    with pytest.raises(ValueError, match="expected a number"):
+        main(["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "lr=fast"])
+
+
+def test_version_prints_the_package_version_without_torch():
+    import srope
+
+    code = (
+        "import sys\nfrom srope.lab.cli import main\n"
+        "try:\n    main(['--version'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))"
+    )
+    result = _fresh(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"srope {srope.__version__}", "HEAVY []"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--preset", "gla-tyni", "--max-steps", "3"],  # issue 75: 6 s to refuse this, torch imported first
+        ["sweep-lr", "--preset", "gla-tyni", "--max-steps", "3"],
+        ["train", "--preset", "gla-tiny", "--max-steps", "3", "--position", "ropee"],
+        ["synth", "mqar", "--preset", "relese"],
+        ["synth", "mqr"],
+        ["trian"],
+    ],
+)
+def test_a_misspelt_name_is_refused_before_torch_is_imported(argv):
+    code = (
+        "import sys\nfrom srope.lab.cli import main\n"
+        f"try:\n    code = main({argv!r})\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('EXIT', code, 'HEAVY', sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))"
+    )
+    result = _fresh(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("EXIT 2 HEAVY []"), (result.stdout, result.stderr)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_clis_name_lists_equal_the_registries():
+    """The parser's standard-library copies of the preset and task names (kept so that a typo is
+    refused before torch loads) are the registries' names."""
+    from srope.lab.cli_args import MODEL_PRESETS
+    from srope.lab.tasks import cli as synth_cli
+    from srope.lab.tasks.runner import TASKS, preset_names
+    from srope.models import PRESETS
+
+    assert MODEL_PRESETS == tuple(PRESETS)
+    assert synth_cli.TASK_NAMES == tuple(TASKS)
+    assert {task: tuple(preset_names(task)) for task in TASKS} == synth_cli.PRESET_NAMES
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch):

@@ -348,6 +348,39 @@ def test_parity_angles_find_a_pair_set_to_the_exact_solution():
     assert demo.parity_angles(demo.build_model(demo.CPU, "nope", seed=3), 512) is None
 
 
+def test_the_demo_builds_its_own_model_which_srope_models_does_not_call_gla_tiny():
+    from srope.models import PRESETS
+
+    assert demo.CPU.model["num_hidden_layers"] == 1 != PRESETS["gla-tiny"].config["num_hidden_layers"]
+    assert "srope demo builds its own 1-layer GLA" in PRESETS["gla-tiny"].description
+
+
+def test_parity_angles_of_a_trainable_model_warn_nothing():
+    """The diagnostic reads angles without autograd (it printed a UserWarning about converting a
+    tensor that requires grad to a float in every demo run)."""
+    import warnings
+
+    model = demo.build_model(demo.CPU, "selective_rope", seed=3)
+    assert any(p.requires_grad for p in model.parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert demo.parity_angles(model, eval_len=512) is not None
+
+
+def test_progress_bars_count_each_models_steps_and_label_the_loss(tmp_path, capsys):
+    """One bar per model counting its own steps (the documented 700 of the CPU preset, not the
+    three models' 2,100 together), with the number beside it named as the training loss."""
+    config = dataclasses.replace(TINY, curriculum=((7, 10),), eval_len=14, warmup_steps=2, cooldown_steps=3)
+    demo.run_demo(tmp_path / "out", seed=1, config=config, workers=1, progress=True)
+    err = capsys.readouterr().err
+    assert f"3 models of {config.steps} steps each" in err
+    for label in ("NoPE", "RoPE", "Selective RoPE"):
+        finished = [line for line in err.replace("\r", "\n").splitlines() if line.startswith(label) and f"{config.steps}/{config.steps}" in line]
+        assert finished and "training loss" in finished[-1], err[-1000:]
+    assert f"/{3 * config.steps}" not in err
+    assert demo.CPU.steps == 700  # what docs/demo.md says the bar counts
+
+
 def test_ema_averages_the_last_stage_and_leaves_training_alone(monkeypatch):
     """ema_decay d: training (the losses) is unchanged, and the returned weights are
     e ← d·e + (1-d)·w over the last stage's steps, e starting from the weights at its start."""

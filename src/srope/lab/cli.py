@@ -14,7 +14,8 @@ import json
 import os
 import sys
 
-from srope.lab.cli_args import OUT, _fraction, _positive_int, _seed_list
+from srope import __version__
+from srope.lab.cli_args import MODEL_PRESETS, OUT, _fraction, _positive_int, _seed_list
 
 POSITIONS = ("nope", "rope", "selective_rope")
 DEBUG_ENV = "SROPE_DEBUG"
@@ -180,8 +181,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_run_arguments(parser: argparse.ArgumentParser, *, what: str, sets: str = "(repeatable)") -> None:
     """What srope train and srope sweep-lr both take to describe a run."""
-    parser.add_argument("--preset", required=True, help="model preset (see `srope models`)")
-    parser.add_argument("--position", default=None, help="nope | rope | selective_rope (default; options via --set position.KEY=VALUE)")
+    parser.add_argument("--preset", required=True, choices=MODEL_PRESETS, metavar="NAME", help=f"model preset: {', '.join(MODEL_PRESETS)} (see `srope models`)")
+    parser.add_argument("--position", default=None, choices=POSITIONS, help="nope | rope | selective_rope (default; options via --set position.KEY=VALUE)")
     parser.add_argument("--data", default=None, help="shakespeare (default) | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a prepared token store")
     parser.add_argument("--cache", default=None, help="data cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
     parser.add_argument("--tokenizer", default=None, help="mistral-v1 (the paper's; default) or a local Hugging Face tokenizer folder (not with a token store, which has its own)")
@@ -270,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="srope", description="Selective Rotary Position Embedding: library, experiments and benchmarks.")
     parser.add_argument("--debug", action="store_true", default=False, help=f"show the full traceback of an error (or set {DEBUG_ENV}=1)")
+    parser.add_argument("--version", action="version", version=f"srope {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="show Selective RoPE working, on the CPU by default")

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from srope.lab import provenance
+from srope.lab import plotting, provenance
 from srope.lab.config import RunConfig
 from srope.lab.loop import optimizer_step, train_steps
 from srope.lab.schedule import warmup_stable_decay
@@ -56,6 +56,7 @@ LABELS = {"nope": "NoPE", "rope": "RoPE", "selective_rope": "Selective RoPE"}
 DEVICES = ("cpu", "cuda")
 GROUP = "S2"  # parity
 RESULTS_FILE, PLOT_FILE = "results.json", "parity.png"
+PLOT_PURPOSE = "srope demo's plots (parity.png, seeds.png)"
 
 
 @dataclass(frozen=True)
@@ -492,6 +493,7 @@ def encoding_input(model: torch.nn.Module, encoding: torch.nn.Module, tokens: li
     return seen["x"]
 
 
+@torch.no_grad()
 def parity_angles(model: torch.nn.Module, eval_len: int) -> dict[str, Any] | None:
     """The angle step each token makes in the rotation pair closest to parity's exact
     solution (π per "1", 0 per "0", modulo 2π), how far off it is (radians), and the drift
@@ -600,6 +602,7 @@ def _run_demo(out, device, seed, *, preset, config, workers, progress, source: t
     """:func:`run_demo` with ``source``, the commit taken when the whole command began: the
     worker processes run the code imported then, whatever is committed while they train."""
     check_args(out, device, seed, preset, workers)
+    plotting.require(PLOT_PURPOSE)  # before minutes of training, not after
     if config is None:
         config = PRESETS[preset or device]
     elif not isinstance(config, DemoConfig):
@@ -612,9 +615,12 @@ def _run_demo(out, device, seed, *, preset, config, workers, progress, source: t
     start, cpu_start = time.perf_counter(), _cpu_seconds()
 
     data = eval_sets(config, seed)
-    bar = _progress(config.steps * len(POSITIONS), f"parity, {config.name} preset, seed {seed}", progress)
-    runs = _train_all(config, seed, device, data, workers, threads, bar)
-    bar.close()
+    bars = _progress(config, seed, progress)
+    try:
+        runs = _train_all(config, seed, device, data, workers, threads, bars)
+    finally:
+        for bar in bars.values():
+            bar.close()
 
     # Workers count their own CPU time (fork-server children are not this process's children).
     cpu_workers = sum(run["cpu_seconds"] for run in runs.values()) if workers > 1 else 0.0
@@ -703,10 +709,7 @@ def format_seed_table(summary: dict) -> str:
 
 def plot_seeds(runs: dict[int, dict], path: Path) -> None:
     """Sequence accuracy against length for every seed: Selective RoPE solid, NoPE and RoPE faint."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plotting.pyplot(PLOT_PURPOSE)
 
     fig, ax = plt.subplots(figsize=(7, 4))
     colors = {"nope": "tab:gray", "rope": "tab:orange", "selective_rope": "tab:blue"}
@@ -726,17 +729,16 @@ def plot_seeds(runs: dict[int, dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _train_all(config: DemoConfig, seed: int, device: str, data: dict, workers: int, threads: int, bar) -> dict[str, dict]:
-    """Train the three models, ``workers`` at a time; update ``bar`` as they go."""
-    losses: dict[str, float] = {}
+def _train_all(config: DemoConfig, seed: int, device: str, data: dict, workers: int, threads: int, bars: dict) -> dict[str, dict]:
+    """Train the three models, ``workers`` at a time; update each one's progress bar in ``bars``."""
     done: dict[str, int] = {}
 
     def report(kind: str, step: int, loss: float | None) -> None:
+        bar = bars[kind]
+        if loss is not None:
+            bar.set_postfix_str(f"training loss {loss:.3f}", refresh=False)
         bar.update(step - done.get(kind, 0))
         done[kind] = step
-        if loss is not None:
-            losses[kind] = loss
-            bar.set_postfix({LABELS[k]: f"{v:.3f}" for k, v in losses.items()}, refresh=False)
 
     if workers == 1:
         old = torch.get_num_threads()
@@ -801,10 +803,19 @@ def _process_context():
     return multiprocessing.get_context("spawn")
 
 
-def _progress(total: int, desc: str, enabled: bool):
+def _progress(config: DemoConfig, seed: int, enabled: bool) -> dict:
+    """One progress bar per model, each counting that model's ``config.steps`` optimiser steps
+    (700 in the CPU preset) and showing its latest training loss."""
+    import sys
+
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="step", disable=not enabled, dynamic_ncols=True)
+    if enabled:
+        print(f"parity, {config.name} preset, seed {seed}: {len(POSITIONS)} models of {config.steps} steps each", file=sys.stderr)
+    width = max(len(label) for label in LABELS.values())
+    return {kind: tqdm(total=config.steps, desc=f"{LABELS[kind]:<{width}}", unit="step", position=index, leave=True,
+                       disable=not enabled, dynamic_ncols=True)
+            for index, kind in enumerate(POSITIONS)}
 
 
 def check_targets(results: dict) -> dict[str, bool]:
@@ -845,10 +856,7 @@ def format_table(results: dict) -> str:
 
 def plot(results: dict, path: Path) -> None:
     """Sequence accuracy against length per encoding (training length dashed), and the training loss."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plotting.pyplot(PLOT_PURPOSE)
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for kind in POSITIONS:

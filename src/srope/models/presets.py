@@ -4,7 +4,8 @@ The 370M/1.3B presets follow the authors' released LM configs (their §5.1 setti
 fla's layer layouts; their training defaults are the paper's recipe (Table 5): context 4096,
 a global batch of 128 × 4096 tokens (inferred from 66,758 steps ≈ 35B tokens), AdamW peak
 lr 1e-3 (the middle of the paper's grid; sweep with ``srope sweep-lr``). The tiny presets
-are for tests and the CPU demo.
+are for tests and quick CPU runs (the README's first hour); ``srope demo`` builds its own
+one-layer GLA (``srope.lab.demo``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ PRESETS: dict[str, Preset] = {
         Preset("transformer-370m", "softmax Transformer, hidden 1024, 24 layers, 16 heads of 64",
                dict(mixer="attention", hidden_size=1024, num_hidden_layers=24, num_heads=16,
                     vocab_size=32000, tie_word_embeddings=False), _LM),
-        Preset("gla-tiny", "tiny GLA for tests and the CPU demo", dict(mixer="gla", **_TINY_SIZE), _TINY),
+        Preset("gla-tiny", "tiny GLA for tests and quick CPU runs (srope demo builds its own 1-layer GLA)", dict(mixer="gla", **_TINY_SIZE), _TINY),
         Preset("gdn-tiny", "tiny Gated DeltaNet", dict(mixer="gated_deltanet", **_TINY_SIZE), _TINY),
         Preset("fox-tiny", "tiny Forgetting Transformer", dict(mixer="forgetting_attn", **_TINY_SIZE), _TINY),
         Preset("transformer-tiny", "tiny softmax Transformer", dict(mixer="attention", **_TINY_SIZE), _TINY),

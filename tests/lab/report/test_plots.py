@@ -80,3 +80,21 @@ def test_a_curve_over_seeds_draws_each_seed_beside_the_mean():
     assert drawn[0] == ("srope (mean of 2 seeds, thin: each)", [0.5, 0.5, 0.5], 1.4)
     assert sorted(d[1] for d in drawn[1:]) == [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
     assert all(d[2] < 1.4 for d in drawn[1:])
+
+
+def test_a_panel_without_curves_of_its_name_draws_no_empty_legend():
+    """matplotlib warns "No artists with labels found to put in legend" for an empty one (seven
+    times per run of test_build.py)."""
+    import warnings
+
+    from matplotlib.figure import Figure
+
+    from srope.lab.report.plots import _curves
+
+    row = SimpleNamespace(runs=[SimpleNamespace(curves={"other": ([1, 2], [1.0, 0.0])}, reported=[])], label="srope",
+                          paper_row="Selective RoPE", train_len=2)
+    ax = Figure().subplots()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _curves(ax, [row], "acc")
+    assert ax.get_legend() is None

@@ -560,7 +560,7 @@ def test_text_that_is_not_utf8_is_a_clear_error(tokenizer_dir, tmp_path):
 
 
 def test_a_missing_optional_package_names_the_extra(tokenizer_dir, tmp_path, monkeypatch, capsys):
-    """Without the [lm] extra: one line that says what to install, from the library and the command."""
+    """Without the [data] extra (part of [lm]): one line that says what to install, from the library and the command."""
     import sys
 
     from srope._lazy import MissingDependency
@@ -572,14 +572,14 @@ def test_a_missing_optional_package_names_the_extra(tokenizer_dir, tmp_path, mon
     table = tmp_path / "docs.parquet"  # (JSON lines need no optional package: srope reads them itself)
     pq.write_table(pa.table({"text": [f"document {i} " * 20 for i in range(4)]}), table)
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
-    with pytest.raises(MissingDependency, match=r"reading parquet files needs the 'datasets' package .* pip install 'srope\[lm\]'"):
+    with pytest.raises(MissingDependency, match=r"reading parquet files needs the 'datasets' package .* pip install 'srope\[data\]'"):
         load_corpus(table, tokenizer_dir, cache=tmp_path / "c")
     argv = ["data", "prepare", str(table), "--tokenizer", str(tokenizer_dir), "--cache", str(tmp_path / "c")]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pip install 'srope[lm]'" in err[0], err
+    assert len(err) == 1 and "pip install 'srope[data]'" in err[0], err
     monkeypatch.setitem(sys.modules, "sentencepiece", None)
-    with pytest.raises(MissingDependency, match=r"sentencepiece.*srope\[lm\]"):
+    with pytest.raises(MissingDependency, match=r"sentencepiece.*srope\[data\]"):
         sentencepiece_to_hf(tmp_path / "any.model")
 
 

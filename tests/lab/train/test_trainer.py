@@ -163,7 +163,8 @@ def test_a_plain_text_file_trains_end_to_end(tokenizer_dir, tmp_path, capsys, mo
     out = tmp_path / "out" / "train" / "gla-tiny-selective_rope"
     report = printed.err + printed.out
     for expected in (f"data   {tmp_path / 'corpus.txt'}: train ", " documents, val ", "model  gla-tiny, gla + selective_rope: ", f"out    {Path('out/train/gla-tiny-selective_rope')}",
-                     "model  out/train/gla-tiny-selective_rope/model", "logs   out/train/gla-tiny-selective_rope/metrics.jsonl", "time   data "):  # fmt: skip
+                     "model  out/train/gla-tiny-selective_rope/model", "logs   out/train/gla-tiny-selective_rope/metrics.jsonl", "time   data ",
+                     "test   ", "srope eval --model out/train/gla-tiny-selective_rope"):  # fmt: skip
         assert expected in report, report
     final = json.loads(printed.out.strip().splitlines()[-1])
     assert final["step"] == 3 and set(final["time_s"]) >= {"data", "model", "steps", "eval", "checkpoint", "export"}

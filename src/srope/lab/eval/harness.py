@@ -141,7 +141,7 @@ def run_lm_eval(argv: list[str]) -> None:
         import accelerate  # noqa: F401  (lm-eval's HFLM needs it)
         from lm_eval.__main__ import cli_evaluate
     except ImportError as err:
-        raise ImportError(f"srope lm-eval needs lm-eval 0.4.x and accelerate ({err}): pip install 'srope[lm]'") from err
+        raise ImportError(f"srope lm-eval needs lm-eval 0.4.x and accelerate ({err}): pip install 'srope[eval]'") from err
     import srope.models  # noqa: F401  (registers model_type "srope" with the Auto classes)
 
     saved = sys.argv

@@ -297,13 +297,14 @@ def evaluate_contexts(
     return {"train_seq_len": train_seq_len, "packing": packing, "target_budget": budget, "bucket_size": bucket_size, "contexts": contexts}
 
 
+EVAL_PLOT = "srope eval's plot"
+
+
 def plot_position_curves(result: dict, path: str | os.PathLike) -> None:
     """Mean loss per position bucket, one line per context length (PNG)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from srope.lab import plotting
 
-    figure = Figure(figsize=(7.5, 4.5))
-    FigureCanvasAgg(figure)
+    figure = plotting.figure(EVAL_PLOT, figsize=(7.5, 4.5))
     axes = figure.add_subplot()
     for entry in result["contexts"]:
         buckets = entry["positions"]
@@ -371,6 +372,10 @@ def run_eval(
     if out.suffix != ".json":
         raise ValueError(f"out must be a .json file path, got {os.fspath(out)!r}")
     batch_size = _positive_int("batch_size", batch_size)
+    if plot:
+        from srope.lab import plotting
+
+        plotting.require(EVAL_PLOT)  # before the scoring, not after
     if seq_lens is not None:
         if not isinstance(seq_lens, (list, tuple)) or not seq_lens:
             raise ValueError(f"seq_lens must be a non-empty list of context lengths, got {seq_lens!r}")

@@ -7,6 +7,7 @@ import math
 import textwrap
 from pathlib import Path
 
+from srope.lab import plotting
 from srope.lab.report import paper
 from srope.lab.report.build import PAPER_MQAR, Page, Row, _by_group, _mqar_points
 
@@ -15,12 +16,7 @@ OTHER_COLORS = ("tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"
 
 
 def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return plotting.pyplot("srope report's plots")
 
 
 def _grid(n: int, width: float = 5.2, height: float = 3.8):
@@ -89,7 +85,8 @@ def _curves(ax, group: list[Row], name: str) -> None:
     if group[0].train_len:
         ax.axvline(group[0].train_len, color="gray", linestyle="--", linewidth=1)
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=6, loc="best")  # accuracy curves start at 1 on the left and often end at 0 on the right
+    if ax.get_legend_handles_labels()[0]:  # a panel whose rows have no curve of this name has no legend
+        ax.legend(fontsize=6, loc="best")  # accuracy curves start at 1 on the left and often end at 0 on the right
 
 
 def plot_page(page: Page, path: Path) -> Path | None:

@@ -22,6 +22,14 @@ from pathlib import Path
 from typing import Any
 
 TASK_NAMES = ("mqar", "mad", "copying", "state_tracking")  # srope.lab.tasks.runner.TASKS (not imported here: keeps `srope --help` fast)
+# Each task's preset names, its default first (runner.preset_names; tests keep the two equal):
+# a misspelt task or preset is refused before torch is imported, at once.
+PRESET_NAMES = {
+    "mqar": ("release", "zoology", "paper", "cpu"),
+    "mad": ("paper", "cpu"),
+    "copying": ("release", "authors", "paper", "cpu"),
+    "state_tracking": ("release", "release_attention", "authors", "paper", "paper_a3", "cpu"),
+}
 POSITIONS = ("nope", "rope", "selective_rope")
 
 
@@ -66,8 +74,19 @@ def synth_overrides(args: argparse.Namespace) -> dict[str, str]:
     return overrides
 
 
+def check_names(task: str, preset: str | None) -> None:
+    """The errors :func:`srope.lab.tasks.runner.resolve_preset` would raise for an unknown task
+    or preset, from the names alone (no torch)."""
+    if task not in TASK_NAMES:
+        raise ValueError(f"unknown synthetic task {task!r}; choose one of {', '.join(TASK_NAMES)}")
+    if preset is not None and preset not in PRESET_NAMES[task]:
+        raise ValueError(f"unknown preset {preset!r} for {task}; choose one of {', '.join(PRESET_NAMES[task])}")
+
+
 def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     """Handle parsed ``srope synth`` arguments; ``model_factory(request) -> nn.Module``."""
+    if args.task != "report":
+        check_names(args.task, args.preset)
     from srope.lab.tasks.runner import get_task, presets_line, report, resolve_preset, run_synthetic
 
     if args.task == "report":

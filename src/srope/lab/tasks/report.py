@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from srope.lab import plotting
 from srope.lab.report import paper
 from srope.lab.report.build import STALE_NOTE, UNKNOWN_NOTE
 from srope.lab.report.collect import marks, read_provenance
@@ -184,10 +185,7 @@ def plot_loss_curves(results: dict, path: Path | str) -> Path | None:
     runs = [run for run in results.get("runs", []) if run.get("loss_curve")]
     if not runs:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plotting.pyplot("srope synth's loss plot (loss.png)")
 
     fig, ax = plt.subplots(figsize=(7, 4))
     # the default cycle repeats its colours after ten runs, and the legend tells runs apart by colour only
@@ -210,13 +208,7 @@ def plot_loss_curves(results: dict, path: Path | str) -> Path | None:
 def plot_results(results: dict, path: Path | str) -> Path:
     """One PNG for a result folder: per-length curves (state tracking, copying), accuracy vs
     model dimension (MQAR) or the per-task scores (MAD)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as err:
-        raise ImportError("plots need matplotlib (pip install matplotlib), or call run_synthetic(..., plot=False)") from err
+    plt = plotting.pyplot("srope synth's plot (or call run_synthetic(..., plot=False))")
 
     summary = results.get("summary", {})
     task, label = results["task"], results["label"]

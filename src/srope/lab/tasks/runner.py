@@ -492,6 +492,10 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
         from srope.lab.tasks.parallel import check_picklable
 
         check_picklable(model_factory, jobs)
+    if plot:
+        from srope.lab import plotting
+
+        plotting.require("srope synth's plots (or call run_synthetic(..., plot=False))")  # before the runs, not after
     cache = default_cache_dir() if cache_dir == "default" else cache_dir
     out = Path(out)
     results = _previous_results(out, task, preset_name, cfg, resume)

@@ -82,11 +82,9 @@ def write_json(out: pathlib.Path, name: str, data: dict) -> dict:
 
 def new_figure(rows: int, cols: int, size: tuple[float, float]):
     """A matplotlib Figure on the Agg canvas (no pyplot, no global backend state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from srope.lab import plotting
 
-    fig = Figure(figsize=size, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = plotting.figure("srope theory's plots", figsize=size, layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
     return fig, axes
 

@@ -380,7 +380,7 @@ def _file_documents(path: Path, text_field: str) -> Iterator[Document]:
             for file in group:
                 yield from _json_documents(file, text_field)
         else:
-            datasets = optional_import("datasets", extra="lm", purpose=f"reading {kind} files")
+            datasets = optional_import("datasets", extra="data", purpose=f"reading {kind} files")
             for file in group:  # one at a time, so that an error names the file
                 stream = datasets.load_dataset(kind, data_files=[str(file)], split="train", streaming=True)
                 yield from _rows_to_documents(stream, text_field, str(file))
@@ -451,7 +451,7 @@ def split_text(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> list[str]:
 
 
 def _hf_documents(source: TextSource) -> Iterator[Document]:
-    datasets = optional_import("datasets", extra="lm", purpose="a Hugging Face dataset source")
+    datasets = optional_import("datasets", extra="data", purpose="a Hugging Face dataset source")
 
     try:
         stream = datasets.load_dataset(source.path, name=source.config, split=source.split, streaming=True, revision=source.revision)

@@ -135,6 +135,10 @@ def sweep_lr(config: TrainConfig, out: str | os.PathLike, lrs=PAPER_LRS, *, plot
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     base = config.resolved()
+    if plot:
+        from srope.lab import plotting
+
+        plotting.require(SWEEP_PLOT)  # before the runs, not after
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {"base_config": {k: v for k, v in base.to_dict().items() if k != "lr"}, "lrs": lrs, "selection": "lowest final val_ppl", "runs": [], "chosen": None, "chosen_at_grid_edge": False}
@@ -149,13 +153,14 @@ def sweep_lr(config: TrainConfig, out: str | os.PathLike, lrs=PAPER_LRS, *, plot
     return summary
 
 
+SWEEP_PLOT = "srope sweep-lr's plot (sweep.png)"
+
+
 def plot_sweep(summary: dict, path: str | os.PathLike) -> None:
     """Validation perplexity against the learning rate (log x); diverged runs as red crosses on the top edge."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from srope.lab import plotting
 
-    figure = Figure(figsize=(6, 4))
-    FigureCanvasAgg(figure)
+    figure = plotting.figure(SWEEP_PLOT, figsize=(6, 4))
     axes = figure.add_subplot()
     ok = sorted((r["lr"], r["val_ppl"]) for r in summary["runs"] if r["status"] == "ok")
     if ok:

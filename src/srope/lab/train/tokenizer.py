@@ -77,9 +77,9 @@ def sentencepiece_to_hf(model_file: str | os.PathLike, *, check: bool = True):
     """
     from srope._lazy import optional_import
 
-    sentencepiece = optional_import("sentencepiece", extra="lm", purpose="reading a sentencepiece tokenizer (the default mistral-v1)")
-    optional_import("google.protobuf", extra="lm", purpose="reading a sentencepiece tokenizer's settings")
-    sentencepiece_model_pb2 = optional_import("sentencepiece.sentencepiece_model_pb2", extra="lm", purpose="reading a sentencepiece tokenizer")
+    sentencepiece = optional_import("sentencepiece", extra="data", purpose="reading a sentencepiece tokenizer (the default mistral-v1)")
+    optional_import("google.protobuf", extra="data", purpose="reading a sentencepiece tokenizer's settings")
+    sentencepiece_model_pb2 = optional_import("sentencepiece.sentencepiece_model_pb2", extra="data", purpose="reading a sentencepiece tokenizer")
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
     from transformers import PreTrainedTokenizerFast
 

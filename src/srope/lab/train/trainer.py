@@ -663,6 +663,8 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         with phases("export"):
             export_model(model, corpus, out / "model", world)
         say(f"model  {out / 'model'} (load: import srope.models; AutoModelForCausalLM.from_pretrained(...))")
+        say(f"test   {corpus.test.num_tokens:,} tokens in {corpus.test.num_documents:,} documents, held out from training and the lr choice: "
+            f"srope eval --model {out}" if corpus.test.num_tokens else f"test   empty (too few documents held out): srope eval --model {out} scores val")
     say(f"logs   {out / 'metrics.jsonl'}, {out / 'run.json'} (provenance)" + (f"; tensorboard --logdir {out / 'tensorboard'}" if config.tensorboard else ""))
     steps = phases.seconds.get("steps", 0.0)
     run = last - start
