@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 import srope.models  # noqa: F401  (registers the Auto classes)
 from srope.lab.cli import main
 from srope.models import SRopeForCausalLM
-from srope.models.convert_fla import convert_fla, srope_key
+from srope.models.convert_fla import convert_fla, load_fla, srope_key
 from tests.helpers import generator, rel_err
 
 VOCAB = 50
@@ -154,13 +154,13 @@ def test_every_tensor_maps_exactly_and_the_logits_are_flas(name, tmp_path):
 def test_a_new_encoding_is_added_around_the_fla_weights(position, tmp_path):
     config = fla_config(**CONFIGS["plain"])
     state = write_fla(tmp_path / "fla", config)
-    model = SRopeForCausalLM.from_fla(tmp_path / "fla", position=position, seed=3)
+    model = load_fla(tmp_path / "fla", position=position, seed=3)
     assert model.config.position["type"] == position
     converted = model.state_dict()
     assert all(torch.equal(converted[srope_key(key)], tensor) for key, tensor in state.items())
     fresh = [key for key in converted if ".position." in key]
     assert bool(fresh) == (position == "selective_rope")
-    again = SRopeForCausalLM.from_fla(tmp_path / "fla", position=position, seed=3)
+    again = load_fla(tmp_path / "fla", position=position, seed=3)
     assert all(torch.equal(again.state_dict()[key], converted[key]) for key in fresh)  # the seed fixes them
     ids = torch.randint(0, VOCAB, (1, 7), generator=generator(2))
     assert torch.isfinite(model(ids, labels=ids).loss)
@@ -174,7 +174,7 @@ def _refusal(tmp_path, match, fields=None, extra=None, drop=(), change=None):
         state = {k: v for k, v in load_file(tmp_path / "fla" / "model.safetensors").items() if k not in drop} | (change or {})
         save_file(state, tmp_path / "fla" / "model.safetensors")
     with pytest.raises(ValueError, match=match):
-        SRopeForCausalLM.from_fla(tmp_path / "fla")
+        load_fla(tmp_path / "fla")
 
 
 @pytest.mark.parametrize(
@@ -226,7 +226,7 @@ def test_logits_equal_flas_own_model_on_the_gpu(name, tmp_path):
     torch.manual_seed(0)
     reference = GLAForCausalLM(GLAConfig(**fields)).cuda().eval()
     reference.save_pretrained(tmp_path / "fla")
-    model = SRopeForCausalLM.from_fla(tmp_path / "fla").cuda().eval()
+    model = load_fla(tmp_path / "fla").cuda().eval()
     ids = torch.randint(0, VOCAB, (2, 100), generator=generator(5)).cuda()  # T > 64: fla's chunk kernel
     with torch.no_grad():
         expected, actual = reference(ids).logits, model(ids).logits

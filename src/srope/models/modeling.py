@@ -233,15 +233,6 @@ class SRopeForCausalLM(SRopePreTrainedModel, GenerationMixin):
         self.post_init()
 
     @classmethod
-    def from_fla(cls, folder, position="nope", seed: int = 0) -> "SRopeForCausalLM":
-        """An fla 0.6.0 ``GLAForCausalLM`` folder (config.json + safetensors) as an srope GLA model
-        with ``position`` (a new encoding's parameters initialised from ``seed``); see
-        :mod:`srope.models.convert_fla`."""
-        from srope.models.convert_fla import load_fla
-
-        return load_fla(folder, position, seed)
-
-    @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # we bring our own cache (SRopeCache)
 
