@@ -120,26 +120,44 @@ def parse_scalar(text: str):
     return text.strip()
 
 
-def authors_copying_config(release: Path, seed: int, steps: int, arm: dict, max_eval_len: int, workers: int):
+def release_config(release: Path, task: str):
+    """The release's Hydra composition for ``task`` (``copying`` or ``state_tracking``), done by
+    hand: ``configs/<task>/{trainer/trainer,data/data,logger/logger}.yaml``, ``model/gla.yaml``
+    with the ``selective_rope`` position group (the sweep overrides that group's keys, while the
+    model file's default group is ``nope``: docs/release-presets.md), then the sweep's
+    single-valued settings (``configs/<task>/<task>.yaml``). Returns the configuration and the
+    sweep's multi-valued axes (``{key: values}``), which each run picks from."""
     from omegaconf import OmegaConf
 
-    root = release / "configs" / "copying"
+    root = release / "configs" / task
     model = OmegaConf.load(root / "model" / "gla.yaml")
     del model["defaults"]
     model.position_embedding = OmegaConf.load(root / "model" / "position_embedding" / "selective_rope.yaml")
     cfg = OmegaConf.create({"trainer": OmegaConf.load(root / "trainer" / "trainer.yaml"), "data": OmegaConf.load(root / "data" / "data.yaml"),
                             "model": model, "logger": OmegaConf.load(root / "logger" / "logger.yaml")})
-    sweep = OmegaConf.load(root / "copying.yaml").hydra.sweeper.params
-    for key, text in sweep.items():
+    axes = {}
+    for key, text in OmegaConf.load(root / f"{task}.yaml").hydra.sweeper.params.items():
         values = [parse_scalar(v) for v in str(text).split(",")]
         if len(values) == 1:
             OmegaConf.update(cfg, key, values[0])
-    for key, value in arm.items():
-        OmegaConf.update(cfg, f"model.position_embedding.{key}", value)
-    changes = {"trainer.seed": seed, "trainer.steps_budget": steps, "trainer.logging": False, "trainer.compile": False,
-               "data.max_eval_len": max_eval_len, "trainer.num_workers": workers}
+        else:
+            axes[key] = values
+    return cfg, axes
+
+
+def apply_changes(cfg, changes: dict) -> None:
+    from omegaconf import OmegaConf
+
     for key, value in changes.items():
         OmegaConf.update(cfg, key, value)
+
+
+def authors_copying_config(release: Path, seed: int, steps: int, arm: dict, max_eval_len: int, workers: int):
+    cfg, _ = release_config(release, "copying")
+    apply_changes(cfg, {f"model.position_embedding.{key}": value for key, value in arm.items()})
+    changes = {"trainer.seed": seed, "trainer.steps_budget": steps, "trainer.logging": False, "trainer.compile": False,
+               "data.max_eval_len": max_eval_len, "trainer.num_workers": workers}
+    apply_changes(cfg, changes)
     return cfg, changes
 
 
