@@ -1,5 +1,6 @@
-"""Our pipelines against the authors', side by side: copying (the released ``copying`` package)
-and MQAR (Zoology as vendored in the release), each seed in a process of its own.
+"""Our pipelines against the authors', side by side: copying (the released ``copying`` package),
+MQAR (Zoology as vendored in the release) and state tracking on S2 (the released
+``state_tracking`` package), each seed in a process of its own.
 
 The authors' checkout is read from ``--release`` (fetched outside this tree, never copied into
 it; ``git clone https://github.com/timurcarstensen/selective-rope``) and run as released, with
@@ -19,11 +20,23 @@ only what a run here needs changed, listed in every result under ``authors_chang
   ``experiments/iclr24_zoology_figure2/configs.py`` for one (sequence, pairs) setting.
   Changed: ``max_epochs`` (the run's length; its cosine follows it, as in ours), the logger
   (a recorder instead of wandb).
+- state tracking: ``state_tracking.main.train(cfg)`` on the configuration composed from
+  ``configs/state_tracking`` as copying's (the GLA arm of ``state_tracking.yaml``: Selective
+  RoPE, short conv, temperature ``rope`` with theta 1.0, gate off, bias on, lr 5e-4; equal to
+  Hydra's own composition with the ``selective_rope`` group chosen, tested). Changed:
+  ``epochs`` (3 of 100 batches: 300 steps; its cosine, ``T_max = epochs x batches``, follows
+  it as ours does), ``max_val_acc`` off (every planned step runs, as in ours), ``logging`` off,
+  ``data_dir``: our data written as the release's CSV files (the format of its
+  ``generate_data.py``, byte for byte), which its ``get_dataset`` reads into the token ids of
+  ours (BOS renumbered), so both runs record the same sha256 of their train and eval sets.
+  Stand-ins where ``train(cfg)`` needs nothing real: ``git`` and ``hydra`` at import,
+  ``polars`` for the vocabulary's one call (the csv module); under transformers 5 the
+  tokenizer returns the ``token_type_ids`` column it removes (transformers 4's default).
 
 Ours runs the same configuration through ``run_synthetic`` with the release presets. Data:
-neither generator can give the other's examples (the authors draw from NumPy's global state,
-we from per-run generators), so each run records statistics of its first training batches
-(``data``), compared in the report.
+for copying and MQAR neither generator can give the other's examples (the authors draw from
+NumPy's global state, we from per-run generators), so each run records statistics of its first
+training batches (``data``), compared in the report; state tracking shares one data set.
 
     python experiments/vs_authors.py all --release ../selective-rope --out out/vs_authors
     python experiments/vs_authors.py report out/vs_authors     # curves and a JSON summary
@@ -33,7 +46,8 @@ One run: ``python experiments/vs_authors.py run --task copying --pipeline author
 On the GPU machine the authors' copying model spends minutes autotuning before its first step:
 keep Triton's cache between calls (``source .tcache/use.sh`` first, ``bash .tcache/pack.sh``
 last, ``../shared/tools/triton-cache.sh keep`` here). Zoology needs ``pydantic`` and the
-authors' copying ``omegaconf``: carry their wheels in ``.whl``.
+authors' copying ``omegaconf``: carry their wheels in ``.whl``. State tracking needs
+``datasets`` (with ``dill`` and ``multiprocess``) and ``ordered-set``: ``.whl-st``.
 """
 
 from __future__ import annotations
@@ -434,9 +448,9 @@ def state_tracking_record(inputs: np.ndarray, targets: np.ndarray) -> dict:
 
 
 def our_state_tracking(seed: int):
-    """Our overrides of the ``release`` preset for the protocol, the resolved preset and its
-    data (the same for every seed: ``data_seed`` is fixed, as the release's files are)."""
-    from srope.lab.tasks import state_tracking
+    """Our overrides of the ``release`` preset for the protocol and the resolved preset (its
+    data, ``state_tracking.datasets(cfg, None)``, is the same for every seed: ``data_seed`` is
+    fixed, as the release's files are)."""
     from srope.lab.tasks.runner import resolve_preset
 
     p = PROTOCOL["state_tracking"]
@@ -444,8 +458,7 @@ def our_state_tracking(seed: int):
                  "batch_size": p["batch_size"], "eval_batch_size": p["batch_size"], "epochs": p["epochs"],
                  "train_size": p["steps_per_epoch"] * p["batch_size"], "eval_size": p["eval_size"], "data_seed": p["data_seed"], "stop_at": None,
                  "loss_every": 10, **p.get("ours_extra", {})}
-    cfg = resolve_preset("state_tracking", "release", overrides)
-    return overrides, cfg, state_tracking.datasets(cfg, None)
+    return overrides, resolve_preset("state_tracking", "release", overrides)
 
 
 def authors_state_tracking_config(release: Path, seed: int, data_dir: Path, workers: int):
@@ -538,7 +551,10 @@ def run_authors_state_tracking(release: Path, seed: int, out: dict, workers: int
     import accelerate
     from omegaconf import OmegaConf
 
-    _, ours, data = our_state_tracking(seed)
+    from srope.lab.tasks import state_tracking
+
+    _, ours = our_state_tracking(seed)
+    data = state_tracking.datasets(ours, None)
     folder = Path(tempfile.mkdtemp(prefix="authors-state-tracking-"))
     os.environ.setdefault("HF_DATASETS_CACHE", str(folder / "hf-datasets"))
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -591,10 +607,12 @@ def run_authors_state_tracking(release: Path, seed: int, out: dict, workers: int
 
 def run_ours_state_tracking(seed: int, out: dict, folder: Path) -> None:
     from srope.lab.cli import srope_model_factory
+    from srope.lab.tasks import state_tracking
     from srope.lab.tasks.groups import get_group
     from srope.lab.tasks.runner import run_synthetic
 
-    overrides, cfg, data = our_state_tracking(seed)
+    overrides, cfg = our_state_tracking(seed)
+    data = state_tracking.datasets(cfg, None)
     order = get_group(cfg.group).order
     out["data"] = {split: state_tracking_record(release_ids(data[f"{split}_inputs"], order), release_ids(data[f"{split}_targets"], order))
                    for split in ("train", "eval")}
