@@ -507,20 +507,20 @@ def import_state_tracking_main(release: Path):
     return main_module
 
 
-def release_get_dataset(main_module, **kwargs):
-    """The release's ``get_dataset(**kwargs)``, and whether it needed transformers 4's tokenizer
+def release_get_dataset(get_dataset, tokenizer_class, **kwargs):
+    """The release's ``get_dataset(**kwargs)`` (``tokenizer_class``: the
+    ``PreTrainedTokenizerFast`` its module imported), and whether it needed transformers 4's tokenizer
     outputs: it removes a ``token_type_ids`` column (main.py:266) that transformers 4 tokenizers
     returned by default and transformers 5 ones return only when ``token_type_ids`` is among
     ``model_input_names``; that list is set back to transformers 4's for the call. The column is
     removed unread, so ``input_ids`` and ``labels`` do not change."""
-    tokenizer_class = main_module.PreTrainedTokenizerFast
     if "token_type_ids" in tokenizer_class.model_input_names:
-        return main_module.get_dataset(**kwargs), False
+        return get_dataset(**kwargs), False
     missing = object()
     own = tokenizer_class.__dict__.get("model_input_names", missing)
     tokenizer_class.model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
     try:
-        return main_module.get_dataset(**kwargs), True
+        return get_dataset(**kwargs), True
     finally:
         if own is missing:
             del tokenizer_class.model_input_names
@@ -568,8 +568,7 @@ def run_authors_state_tracking(release: Path, seed: int, out: dict, workers: int
     get_dataset = main_module.get_dataset
 
     def recorded_get_dataset(**kwargs):
-        built, shim = release_get_dataset(types.SimpleNamespace(get_dataset=get_dataset, PreTrainedTokenizerFast=main_module.PreTrainedTokenizerFast),
-                                          **kwargs)
+        built, shim = release_get_dataset(get_dataset, main_module.PreTrainedTokenizerFast, **kwargs)
         shimmed.append(shim)
         out["data"]["train" if kwargs["k"] == cfg.data.k else "eval"] = state_tracking_record(*dataset_arrays(built["dataset"]))
         return built

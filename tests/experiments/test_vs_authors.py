@@ -197,7 +197,7 @@ def test_release_get_dataset_reads_our_csv_as_our_ids(experiment, tmp_path, monk
     Accelerator(cpu=True)  # the release logs through accelerate's logger, which needs its state
     x, y = state_tracking.make_split(get_group("S2"), 12, 200, np.random.default_rng(3))
     module.write_release_csv(tmp_path / "S2=12.csv", x, y, 0)
-    built, _ = module.release_get_dataset(main, group="S2", k=12, strict_len=True, train_size=1.0, data_dir=tmp_path, supervised=True)
+    built, _ = module.release_get_dataset(main.get_dataset, main.PreTrainedTokenizerFast, group="S2", k=12, strict_len=True, train_size=1.0, data_dir=tmp_path, supervised=True)
     inputs, labels = module.dataset_arrays(built["dataset"])
     assert built["n_vocab"] == 9 and built["tokenizer"].bos_token_id == 3
     assert module.token_digest(inputs, labels) == module.token_digest(module.release_ids(x, 2), module.release_ids(y, 2))
