@@ -1,5 +1,6 @@
-"""Our pipelines against the authors', side by side: copying (the released ``copying`` package)
-and MQAR (Zoology as vendored in the release), each seed in a process of its own.
+"""Our pipelines against the authors', side by side: copying (the released ``copying`` package),
+MQAR (Zoology as vendored in the release) and state tracking on S2 (the released
+``state_tracking`` package), each seed in a process of its own.
 
 The authors' checkout is read from ``--release`` (fetched outside this tree, never copied into
 it; ``git clone https://github.com/timurcarstensen/selective-rope``) and run as released, with
@@ -19,11 +20,23 @@ only what a run here needs changed, listed in every result under ``authors_chang
   ``experiments/iclr24_zoology_figure2/configs.py`` for one (sequence, pairs) setting.
   Changed: ``max_epochs`` (the run's length; its cosine follows it, as in ours), the logger
   (a recorder instead of wandb).
+- state tracking: ``state_tracking.main.train(cfg)`` on the configuration composed from
+  ``configs/state_tracking`` as copying's (the GLA arm of ``state_tracking.yaml``: Selective
+  RoPE, short conv, temperature ``rope`` with theta 1.0, gate off, bias on, lr 5e-4; equal to
+  Hydra's own composition with the ``selective_rope`` group chosen, tested). Changed:
+  ``epochs`` (3 of 100 batches: 300 steps; its cosine, ``T_max = epochs x batches``, follows
+  it as ours does), ``max_val_acc`` off (every planned step runs, as in ours), ``logging`` off,
+  ``data_dir``: our data written as the release's CSV files (the format of its
+  ``generate_data.py``, byte for byte), which its ``get_dataset`` reads into the token ids of
+  ours (BOS renumbered), so both runs record the same sha256 of their train and eval sets.
+  Stand-ins where ``train(cfg)`` needs nothing real: ``git`` and ``hydra`` at import,
+  ``polars`` for the vocabulary's one call (the csv module); under transformers 5 the
+  tokenizer returns the ``token_type_ids`` column it removes (transformers 4's default).
 
 Ours runs the same configuration through ``run_synthetic`` with the release presets. Data:
-neither generator can give the other's examples (the authors draw from NumPy's global state,
-we from per-run generators), so each run records statistics of its first training batches
-(``data``), compared in the report.
+for copying and MQAR neither generator can give the other's examples (the authors draw from
+NumPy's global state, we from per-run generators), so each run records statistics of its first
+training batches (``data``), compared in the report; state tracking shares one data set.
 
     python experiments/vs_authors.py all --release ../selective-rope --out out/vs_authors
     python experiments/vs_authors.py report out/vs_authors     # curves and a JSON summary
@@ -33,14 +46,18 @@ One run: ``python experiments/vs_authors.py run --task copying --pipeline author
 On the GPU machine the authors' copying model spends minutes autotuning before its first step:
 keep Triton's cache between calls (``source .tcache/use.sh`` first, ``bash .tcache/pack.sh``
 last, ``../shared/tools/triton-cache.sh keep`` here). Zoology needs ``pydantic`` and the
-authors' copying ``omegaconf``: carry their wheels in ``.whl``.
+authors' copying ``omegaconf``: carry their wheels in ``.whl``. State tracking needs
+``datasets`` (with ``dill`` and ``multiprocess``) and ``ordered-set``: ``.whl-st``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.machinery
 import json
+import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -50,7 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
-TASKS = ("copying", "mqar")
+TASKS = ("copying", "mqar", "state_tracking")
 PIPELINES = ("authors", "ours")
 IGNORE = -100
 # The side-by-side protocol of each task (both pipelines): short runs whose loss leaves its
@@ -59,6 +76,12 @@ PROTOCOL = {
     "copying": {"steps": 300, "arm": {"use_gate": False, "use_bias": True}, "max_eval_len": 66, "lr": 2e-3},
     "mqar": {"seq_len": 64, "kv_pairs": 4, "d_model": 128, "lr": 2.154434690031882e-3, "epochs": 2, "train_examples": 100_000,
              "test_examples": 3_000},
+    # S2 at the release's lengths (128, evaluated at 512) on the same data in both pipelines;
+    # 100 batches of 1024 an epoch, 3 epochs: both cosines are planned over the 300 steps run
+    # (the release's T_max = epochs x batches an epoch, ours epochs x steps an epoch), with
+    # the accuracy stop off in both so that every planned step runs.
+    "state_tracking": {"group": "S2", "train_len": 128, "eval_len": 512, "steps_per_epoch": 100, "batch_size": 1024, "epochs": 3,
+                       "eval_size": 2048, "lr": 5e-4, "data_seed": 0},
 }
 
 
@@ -94,15 +117,74 @@ def mqar_stats(inputs: np.ndarray, targets: np.ndarray) -> dict:
             "distance_median": float(np.median(distance)), "distance_p90": float(np.percentile(distance, 90))}
 
 
+def stand_in(name: str, **attributes) -> types.ModuleType:
+    """A module ``name`` holding ``attributes`` (with a spec, so that importlib accepts it)."""
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    module.__dict__.update(attributes)
+    return module
+
+
+def _nothing(*args, **kwargs) -> None:
+    return None
+
+
 def stub_wandb() -> None:
-    """An empty ``wandb`` where none is installed: the authors' modules import it at the top
-    and call it only with logging on."""
+    """An inert ``wandb`` where none is installed: the authors' modules import it at the top;
+    copying calls it only with logging on, state tracking calls ``Table``, ``plot.line`` (for
+    ``Accelerator.log``, which logs nowhere without a tracker) and ``finish`` in every run."""
     try:
         import wandb  # noqa: F401
     except ImportError:
-        module = types.ModuleType("wandb")
-        module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
-        sys.modules["wandb"] = module
+        sys.modules["wandb"] = stand_in("wandb", Table=_nothing, plot=stand_in("wandb.plot", line=_nothing), finish=_nothing, alert=_nothing,
+                                        log=_nothing)
+
+
+class CsvPolars:
+    """The one ``polars`` call of the release's state-tracking ``get_dataset`` (its vocabulary,
+    synthetic_tasks/state_tracking/src/state_tracking/main.py:224-230), on the ``csv`` module:
+    ``read_csv(path).select(col("input").map_batches(f)).explode("input").unique()["input"].to_list()``,
+    where ``f`` splits the column's strings (``x.str.split(" ")``). The tokens come back in a
+    different order than polars' ``unique``; the release sorts them (main.py:235)."""
+
+    def __init__(self, columns: dict[str, list]):
+        self.columns = columns
+
+    @classmethod
+    def read_csv(cls, path) -> CsvPolars:
+        import csv
+
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        return cls({name: [row[name] for row in rows] for name in (rows[0] if rows else {})})
+
+    class col:  # noqa: N801 (polars' name)
+        def __init__(self, name: str, function=None):
+            self.name, self.function = name, function
+
+        def map_batches(self, function) -> CsvPolars.col:
+            return CsvPolars.col(self.name, function)
+
+    class Series(list):
+        @property
+        def str(self):
+            return types.SimpleNamespace(split=lambda by: CsvPolars.Series(value.split(by) for value in self))
+
+        def to_list(self) -> list:
+            return list(self)
+
+    def select(self, column: CsvPolars.col) -> CsvPolars:
+        return CsvPolars({column.name: list(column.function(CsvPolars.Series(self.columns[column.name])))})
+
+    def explode(self, name: str) -> CsvPolars:
+        return CsvPolars({name: [value for row in self.columns[name] for value in row]})
+
+    def unique(self) -> CsvPolars:
+        (name, values), = self.columns.items()
+        return CsvPolars({name: list(dict.fromkeys(values))})
+
+    def __getitem__(self, name: str) -> CsvPolars.Series:
+        return CsvPolars.Series(self.columns[name])
 
 
 def parse_scalar(text: str):
@@ -120,26 +202,44 @@ def parse_scalar(text: str):
     return text.strip()
 
 
-def authors_copying_config(release: Path, seed: int, steps: int, arm: dict, max_eval_len: int, workers: int):
+def release_config(release: Path, task: str):
+    """The release's Hydra composition for ``task`` (``copying`` or ``state_tracking``), done by
+    hand: ``configs/<task>/{trainer/trainer,data/data,logger/logger}.yaml``, ``model/gla.yaml``
+    with the ``selective_rope`` position group (the sweep overrides that group's keys, while the
+    model file's default group is ``nope``: docs/release-presets.md), then the sweep's
+    single-valued settings (``configs/<task>/<task>.yaml``). Returns the configuration and the
+    sweep's multi-valued axes (``{key: values}``), which each run picks from."""
     from omegaconf import OmegaConf
 
-    root = release / "configs" / "copying"
+    root = release / "configs" / task
     model = OmegaConf.load(root / "model" / "gla.yaml")
     del model["defaults"]
     model.position_embedding = OmegaConf.load(root / "model" / "position_embedding" / "selective_rope.yaml")
     cfg = OmegaConf.create({"trainer": OmegaConf.load(root / "trainer" / "trainer.yaml"), "data": OmegaConf.load(root / "data" / "data.yaml"),
                             "model": model, "logger": OmegaConf.load(root / "logger" / "logger.yaml")})
-    sweep = OmegaConf.load(root / "copying.yaml").hydra.sweeper.params
-    for key, text in sweep.items():
+    axes = {}
+    for key, text in OmegaConf.load(root / f"{task}.yaml").hydra.sweeper.params.items():
         values = [parse_scalar(v) for v in str(text).split(",")]
         if len(values) == 1:
             OmegaConf.update(cfg, key, values[0])
-    for key, value in arm.items():
-        OmegaConf.update(cfg, f"model.position_embedding.{key}", value)
-    changes = {"trainer.seed": seed, "trainer.steps_budget": steps, "trainer.logging": False, "trainer.compile": False,
-               "data.max_eval_len": max_eval_len, "trainer.num_workers": workers}
+        else:
+            axes[key] = values
+    return cfg, axes
+
+
+def apply_changes(cfg, changes: dict) -> None:
+    from omegaconf import OmegaConf
+
     for key, value in changes.items():
         OmegaConf.update(cfg, key, value)
+
+
+def authors_copying_config(release: Path, seed: int, steps: int, arm: dict, max_eval_len: int, workers: int):
+    cfg, _ = release_config(release, "copying")
+    apply_changes(cfg, {f"model.position_embedding.{key}": value for key, value in arm.items()})
+    changes = {"trainer.seed": seed, "trainer.steps_budget": steps, "trainer.logging": False, "trainer.compile": False,
+               "data.max_eval_len": max_eval_len, "trainer.num_workers": workers}
+    apply_changes(cfg, changes)
     return cfg, changes
 
 
@@ -293,6 +393,236 @@ def run_ours_mqar(seed: int, out: dict, folder: Path) -> None:
                parameters=record.get("parameters"), setting=setting.name)
 
 
+# The release's state-tracking tokenizer: the element tokens first, in numeric order, then 7
+# specials [PAD] [BOS] [UNK] [EOS] [SEP] [CLS] [MASK]
+# (synthetic_tasks/state_tracking/src/state_tracking/main.py:88-97, :233-236), so [BOS] is
+# |G| + 1 where ours is |G|.
+RELEASE_BOS_AFTER_ELEMENTS = 1
+DIGEST_ROWS = 1024  # the "first rows" digest: one training batch of the protocol
+
+
+def release_ids(tokens: np.ndarray, order: int) -> np.ndarray:
+    """Our state-tracking token ids (elements ``0..order-1``, BOS ``order``) as the release's
+    tokenizer numbers them: the elements keep theirs, BOS becomes ``order + 1``."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    if tokens.size and (tokens.min() < 0 or tokens.max() > order):
+        raise ValueError(f"state-tracking tokens must lie in [0, {order}] (elements and BOS), got [{tokens.min()}, {tokens.max()}]")
+    return np.where(tokens == order, order + RELEASE_BOS_AFTER_ELEMENTS, tokens)
+
+
+def write_release_csv(path: Path, inputs: np.ndarray, targets: np.ndarray, seed: int) -> None:
+    """Our rows (``[BOS, x_1 … x_L]``, ``[BOS, s_1 … s_L]``) as the release's generate_data.py
+    writes a file: polars' ``write_csv`` of the columns seed, input, target, the element indices
+    and the states after each prefix joined by spaces, no BOS (the release's tokenizer prepends
+    it), synthetic_tasks/state_tracking/generate_data.py:200-225."""
+    with open(path, "w", newline="") as f:
+        f.write("seed,input,target\n")
+        for x, y in zip(np.asarray(inputs)[:, 1:], np.asarray(targets)[:, 1:]):
+            f.write(f"{seed},{' '.join(map(str, x.tolist()))},{' '.join(map(str, y.tolist()))}\n")
+
+
+def token_digest(inputs: np.ndarray, targets: np.ndarray) -> dict:
+    """sha256 of the token ids (int64, little-endian, inputs then targets) of the first
+    ``DIGEST_ROWS`` rows and of all rows."""
+
+    def sha(rows: slice) -> str:
+        h = hashlib.sha256()
+        for array in (inputs, targets):
+            h.update(np.ascontiguousarray(np.asarray(array)[rows], dtype="<i8").tobytes())
+        return h.hexdigest()
+
+    return {"rows": int(len(inputs)), "sha256": sha(slice(None)), "first_rows": min(DIGEST_ROWS, len(inputs)), "first_sha256": sha(slice(DIGEST_ROWS))}
+
+
+def state_tracking_stats(inputs: np.ndarray, targets: np.ndarray, identity: int = 0) -> dict:
+    """Statistics of tagged state-tracking rows (BOS first): length, how often the element and
+    the state are the identity, distinct rows."""
+    inputs, targets = np.asarray(inputs)[:, 1:], np.asarray(targets)[:, 1:]
+    return {"rows": int(len(inputs)), "length": int(inputs.shape[1]), "identity_inputs": float((inputs == identity).mean()),
+            "identity_states": float((targets == identity).mean()), "distinct_rows": int(len(np.unique(inputs, axis=0)))}
+
+
+def state_tracking_record(inputs: np.ndarray, targets: np.ndarray) -> dict:
+    """A split's ``data`` entry, in the release's token ids: statistics and digests."""
+    return {**state_tracking_stats(inputs, targets), **token_digest(inputs, targets)}
+
+
+def our_state_tracking(seed: int):
+    """Our overrides of the ``release`` preset for the protocol and the resolved preset (its
+    data, ``state_tracking.datasets(cfg, None)``, is the same for every seed: ``data_seed`` is
+    fixed, as the release's files are)."""
+    from srope.lab.tasks.runner import resolve_preset
+
+    p = PROTOCOL["state_tracking"]
+    overrides = {"group": p["group"], "train_len": p["train_len"], "eval_len": p["eval_len"], "seeds": str(seed), "lrs": str(p["lr"]),
+                 "batch_size": p["batch_size"], "eval_batch_size": p["batch_size"], "epochs": p["epochs"],
+                 "train_size": p["steps_per_epoch"] * p["batch_size"], "eval_size": p["eval_size"], "data_seed": p["data_seed"], "stop_at": None,
+                 "loss_every": 10, **p.get("ours_extra", {})}
+    return overrides, resolve_preset("state_tracking", "release", overrides)
+
+
+def authors_state_tracking_config(release: Path, seed: int, data_dir: Path, workers: int):
+    from omegaconf import OmegaConf
+
+    p = PROTOCOL["state_tracking"]
+    cfg, axes = release_config(release, "state_tracking")
+    if "selective_rope" not in axes["model.position_embedding.type"] or seed not in axes["trainer.seed"]:
+        raise SystemExit(f"the release's sweep has no selective_rope arm or no seed {seed}: {axes}")
+    released = {"data.group": p["group"], "data.k": p["train_len"], "data.k_test": p["eval_len"], "trainer.lr": p["lr"],
+                "trainer.batch_size": p["batch_size"], "trainer.use_scheduler": True, "data.curriculum": False, "data.strict_len": True}
+    differ = {key: OmegaConf.select(cfg, key) for key, value in released.items() if OmegaConf.select(cfg, key) != value}
+    if differ:
+        raise SystemExit(f"the release's configuration differs from the protocol's: {differ}")
+    changes = {"trainer.seed": seed, "trainer.epochs": p["epochs"], "trainer.max_val_acc": None, "trainer.logging": False,
+               "trainer.num_workers": workers, "data.data_dir": str(data_dir)}
+    apply_changes(cfg, changes)
+    return cfg, changes
+
+
+def import_state_tracking_main(release: Path):
+    """The release's ``state_tracking.main``, imported with stand-ins for three of its
+    module-level imports: ``git`` (``git.Repo(...).git.rev_parse("--show-toplevel")`` at import,
+    only to find the Hydra config folder: the release's root), ``hydra`` (``hydra.main`` as an
+    identity decorator: ``train(cfg)`` is called with a composed configuration) and ``polars``
+    (:class:`CsvPolars`, its one call). They are put in ``sys.modules`` for the import only."""
+    sys.path[:0] = [str(release / "src"), str(release / "synthetic_tasks" / "state_tracking" / "src")]
+    stub_wandb()
+    root = str(release)
+    repo = types.SimpleNamespace(git=types.SimpleNamespace(rev_parse=lambda *args: root))
+    stand_ins = {"git": stand_in("git", Repo=lambda *args, **kwargs: repo), "hydra": stand_in("hydra", main=lambda **kwargs: lambda function: function),
+                 "polars": stand_in("polars", read_csv=CsvPolars.read_csv, col=CsvPolars.col)}
+    saved = {name: sys.modules.get(name) for name in stand_ins}
+    sys.modules.update(stand_ins)
+    try:
+        import state_tracking.main as main_module
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+    from accelerate.logging import get_logger
+
+    main_module.log = get_logger("state_tracking")  # set by the release's __main__ block only
+    return main_module
+
+
+def release_get_dataset(get_dataset, tokenizer_class, **kwargs):
+    """The release's ``get_dataset(**kwargs)`` (``tokenizer_class``: the
+    ``PreTrainedTokenizerFast`` its module imported), and whether it needed transformers 4's tokenizer
+    outputs: it removes a ``token_type_ids`` column (main.py:266) that transformers 4 tokenizers
+    returned by default and transformers 5 ones return only when ``token_type_ids`` is among
+    ``model_input_names``; that list is set back to transformers 4's for the call. The column is
+    removed unread, so ``input_ids`` and ``labels`` do not change."""
+    if "token_type_ids" in tokenizer_class.model_input_names:
+        return get_dataset(**kwargs), False
+    missing = object()
+    own = tokenizer_class.__dict__.get("model_input_names", missing)
+    tokenizer_class.model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
+    try:
+        return get_dataset(**kwargs), True
+    finally:
+        if own is missing:
+            del tokenizer_class.model_input_names
+        else:
+            tokenizer_class.model_input_names = own
+
+
+def dataset_arrays(dataset) -> tuple[np.ndarray, np.ndarray]:
+    """The ``input_ids`` and ``labels`` of the release's tokenized ``datasets.Dataset``."""
+    rows = dataset.with_format("numpy")[:]
+    return np.asarray(rows["input_ids"], dtype=np.int64), np.asarray(rows["labels"], dtype=np.int64)
+
+
+STATE_TRACKING_CHANGES = {
+    "data": "our train and eval sets (the release preset's generator, data_seed 0) written as the release's CSV files into a "
+            "temporary data.data_dir; the release's generate_data.py (abstract_algebra, fire) is not run",
+    "polars": "a stand-in reading the CSV with the csv module for get_dataset's one polars call (the vocabulary; main.py:224-230)",
+    "git, hydra": "stand-ins at import: git_root (main.py:336) names the release's root, hydra.main is an identity decorator",
+    "cwd": "a temporary folder (the release saves checkpoints/ under the working directory, main.py:651-659)",
+}
+
+
+TOKEN_TYPE_IDS_CHANGE = ("transformers 4's model_input_names on PreTrainedTokenizerFast during get_dataset, so that the "
+                         "token_type_ids column it removes (main.py:266) exists under transformers 5")
+
+
+def run_authors_state_tracking(release: Path, seed: int, out: dict, workers: int) -> None:
+    import accelerate
+    from omegaconf import OmegaConf
+
+    from srope.lab.tasks import state_tracking
+
+    _, ours = our_state_tracking(seed)
+    data = state_tracking.datasets(ours, None)
+    folder = Path(tempfile.mkdtemp(prefix="authors-state-tracking-"))
+    os.environ.setdefault("HF_DATASETS_CACHE", str(folder / "hf-datasets"))
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    (folder / "data").mkdir()
+    write_release_csv(folder / "data" / f"{ours.group}={ours.train_len}.csv", data["train_inputs"], data["train_targets"], ours.data_seed)
+    write_release_csv(folder / "data" / f"{ours.group}={ours.eval_len}.csv", data["eval_inputs"], data["eval_targets"], ours.data_seed)
+    cfg, changes = authors_state_tracking_config(release, seed, folder / "data", workers)
+    main_module = import_state_tracking_main(release)
+
+    out["data"], shimmed = {}, []
+    get_dataset = main_module.get_dataset
+
+    def recorded_get_dataset(**kwargs):
+        built, shim = release_get_dataset(get_dataset, main_module.PreTrainedTokenizerFast, **kwargs)
+        shimmed.append(shim)
+        out["data"]["train" if kwargs["k"] == cfg.data.k else "eval"] = state_tracking_record(*dataset_arrays(built["dataset"]))
+        return built
+
+    main_module.get_dataset = recorded_get_dataset
+    losses, evals = [], []
+    backward, log = accelerate.Accelerator.backward, accelerate.Accelerator.log
+
+    def record_loss(self, loss, **kwargs):
+        losses.append(loss.detach().float())
+        return backward(self, loss, **kwargs)
+
+    def record_eval(self, values, step=None, log_kwargs=None):
+        if "val/best_sequence_accuracy" in values:
+            curve = np.asarray(values["val/sequence_accuracies"], dtype=np.float64)
+            evals.append({"step": int(step), "sequence_accuracy": float(values["val/sequence_accuracy"]), "loss": float(values["val/loss"]),
+                          "token_accuracy": float(values["val/token_accuracy"]), "best_sequence_accuracy": float(values["val/best_sequence_accuracy"]),
+                          "sequence_accuracy_at_train_len": float(curve[cfg.data.k]), "sequence_accuracies": curve.tolist()})
+        return log(self, values, step=step, log_kwargs=log_kwargs or {})
+
+    accelerate.Accelerator.backward, accelerate.Accelerator.log = record_loss, record_eval
+    here = os.getcwd()
+    os.chdir(folder)
+    start = time.perf_counter()
+    try:
+        main_module.train(cfg)
+    finally:
+        os.chdir(here)
+    seconds = time.perf_counter() - start
+    points = [(i + 1, float(v)) for i, v in enumerate(losses)]
+    out.update(seconds=seconds, loss_curve=bin_curve(points, 10), eval=evals, steps=len(points),
+               planned_steps=cfg.trainer.epochs * math.ceil(out["data"]["train"]["rows"] / cfg.trainer.batch_size),
+               authors_changes={**changes, **STATE_TRACKING_CHANGES, **({"tokenizer": TOKEN_TYPE_IDS_CHANGE} if any(shimmed) else {})}, config=OmegaConf.to_container(cfg, resolve=True))
+
+
+def run_ours_state_tracking(seed: int, out: dict, folder: Path) -> None:
+    from srope.lab.cli import srope_model_factory
+    from srope.lab.tasks import state_tracking
+    from srope.lab.tasks.groups import get_group
+    from srope.lab.tasks.runner import run_synthetic
+
+    overrides, cfg = our_state_tracking(seed)
+    data = state_tracking.datasets(cfg, None)
+    order = get_group(cfg.group).order
+    out["data"] = {split: state_tracking_record(release_ids(data[f"{split}_inputs"], order), release_ids(data[f"{split}_targets"], order))
+                   for split in ("train", "eval")}
+    start = time.perf_counter()
+    results = run_synthetic("state_tracking", srope_model_factory, out=folder, overrides=overrides, preset="release", progress=False, plot=False)
+    record = results["runs"][0]
+    out.update(seconds=time.perf_counter() - start, loss_curve=record["loss_curve"], steps=record["steps"], planned_steps=record["planned_steps"],
+               eval={"history": record["history"], "final": record["final"], "best": record["best"]}, overrides=overrides,
+               parameters=record.get("parameters"))
+
+
 def run_one(args: argparse.Namespace) -> None:
     import torch
 
@@ -300,14 +630,15 @@ def run_one(args: argparse.Namespace) -> None:
            "release": str(args.release), "release_commit": args.release_commit, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
-    if args.pipeline == "authors" and args.task == "copying":
-        run_authors_copying(args.release, args.seed, out, args.workers)
-    elif args.pipeline == "authors":
-        run_authors_mqar(args.release, args.seed, out)
-    elif args.task == "copying":
-        run_ours_copying(args.seed, out, folder / f"ours-copying-{args.seed}")
-    else:
-        run_ours_mqar(args.seed, out, folder / f"ours-mqar-{args.seed}")
+    runners = {
+        ("copying", "authors"): lambda: run_authors_copying(args.release, args.seed, out, args.workers),
+        ("mqar", "authors"): lambda: run_authors_mqar(args.release, args.seed, out),
+        ("state_tracking", "authors"): lambda: run_authors_state_tracking(args.release, args.seed, out, args.workers),
+        ("copying", "ours"): lambda: run_ours_copying(args.seed, out, folder / f"ours-copying-{args.seed}"),
+        ("mqar", "ours"): lambda: run_ours_mqar(args.seed, out, folder / f"ours-mqar-{args.seed}"),
+        ("state_tracking", "ours"): lambda: run_ours_state_tracking(args.seed, out, folder / f"ours-state_tracking-{args.seed}"),
+    }
+    runners[args.task, args.pipeline]()
     from srope.lab import provenance
 
     out["provenance"] = provenance.record(source=provenance.commit())
@@ -330,10 +661,18 @@ def run_all(args: argparse.Namespace) -> None:
 
 def final_score(run: dict) -> dict:
     """Copying: exact-copy accuracy over the training lengths (2-64) and beyond them; MQAR: the
-    last evaluation's accuracy."""
+    last evaluation's accuracy; state tracking: sequence accuracy at the evaluation length
+    (512: the last evaluation's and the best) and at the training length (128, the last)."""
     if run["task"] == "mqar":
         last = run["eval"][-1]
         return {"accuracy": last.get("accuracy", last.get("score"))}
+    if run["task"] == "state_tracking":
+        if run["pipeline"] == "authors":
+            last = run["eval"][-1]
+            return {"seq_acc_final": last["sequence_accuracy"], "seq_acc_best": max(e["sequence_accuracy"] for e in run["eval"]),
+                    "seq_acc_train_len_final": last["sequence_accuracy_at_train_len"]}
+        final, best = run["eval"]["final"], run["eval"]["best"]
+        return {"seq_acc_final": final["seq_acc"], "seq_acc_best": best["seq_acc"], "seq_acc_train_len_final": final.get("seq_acc_at_train_len")}
     if run["pipeline"] == "authors":
         by_length = {int(k): v["str_acc"] for k, v in run["eval"].items()}
     else:
@@ -342,6 +681,14 @@ def final_score(run: dict) -> dict:
     train = [v for k, v in by_length.items() if k <= 64]
     beyond = [v for k, v in by_length.items() if k > 64]
     return {"str_acc_2_64": float(np.mean(train)) if train else None, "str_acc_65_up": float(np.mean(beyond)) if beyond else None}
+
+
+def same_data(authors: dict, ours: dict) -> bool | None:
+    """Whether both pipelines' ``data`` carry equal digests in every split (None: no digests)."""
+    splits = [k for k, v in authors.items() if isinstance(v, dict) and "sha256" in v]
+    if not splits:
+        return None
+    return all(authors[k]["sha256"] == ours.get(k, {}).get("sha256") for k in splits)
 
 
 def summarise(folder: Path) -> dict:
@@ -363,6 +710,8 @@ def summarise(folder: Path) -> dict:
             gap = abs(entry["authors"]["mean"] - entry["ours"]["mean"])
             entry["gap"] = gap
             entry["equal_within_spread"] = bool(gap <= max(entry["authors"]["spread"], entry["ours"]["spread"]))
+            if (same := same_data(entry["authors"]["data"], entry["ours"]["data"])) is not None:
+                entry["same_data"] = same
         if entry:
             summary[task] = entry
     return summary
