@@ -91,7 +91,8 @@ def test_cuda_depends_on_fla_core_which_holds_every_fla_module_srope_imports():
 def test_make_takes_the_cpu_torch_on_linux_without_a_cuda_gpu(tmp_path):
     def install_lines(env_path: str, *args: str) -> list[str]:
         env = {**os.environ, "PATH": env_path}
-        env.pop("TORCH_INDEX", None)
+        for name in ("TORCH_INDEX", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"):  # `make test TORCH_INDEX=` passes it down through MAKEFLAGS
+            env.pop(name, None)
         result = subprocess.run(["make", "-n", f"VENV={tmp_path / 'venv'}", str(tmp_path / "venv" / ".srope-installed"), *args],
                                 cwd=ROOT, env=env, capture_output=True, text=True, check=True)
         return [line for line in result.stdout.splitlines() if "requirements-cpu.txt" in line]
