@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import time
 import traceback
 
 import torch
@@ -97,9 +98,12 @@ def compiled_against_eager(model, ids, kwargs, device, backend, fullgraph, bf16_
     want_grads = torch.autograd.grad(want, params)
     torch._dynamo.reset()
     counter = CompileCounterWithBackend(backend)
+    start = time.perf_counter()
     got = torch.compile(loss, backend=counter, fullgraph=fullgraph)(ids)
     got_grads = torch.autograd.grad(got, params)
+    seconds = time.perf_counter() - start  # the first call: compiling the forward and backward, and running them once
     record = {"fullgraph": fullgraph, "compiled_graphs": counter.frame_count, "host_syncs": _host_syncs(counter.graphs),
+              "compile_seconds": round(seconds, 1),
               **_errors(got, got_grads, want, want_grads, named)}
     if device == "cuda" and bf16_scale:  # the scale of bf16 autocast's own error: eager under autocast against eager float32
         full = _loss_fn(model, kwargs, device, autocast=False)(ids)
