@@ -7,9 +7,11 @@ geometry of check_cuda.py on CUDA under bf16 autocast):
   reason, the innermost srope frame where it happened;
 - the loss and every parameter's gradient from ``torch.compile`` (backend ``--backend``;
   ``fullgraph=True`` where explain found no break) against eager (relative error of all
-  gradients together), the graphs it compiled and the host syncs traced into them (tensors
-  read as Python numbers); on CUDA beside it the scale of bf16 autocast's own error, eager
-  under autocast against eager float32 (``eager_bf16_vs_fp32``, with ``--bf16-scale``);
+  gradients together), the graphs it compiled, the host syncs traced into them (tensors
+  read as Python numbers) and the first compiled call's seconds (``compile_seconds``:
+  compiling the forward and backward, and running them once); on CUDA beside it the scale
+  of bf16 autocast's own error, eager under autocast against eager float32
+  (``eager_bf16_vs_fp32``, with ``--bf16-scale``);
 - with ``--layouts dense,padded,packed``, the same for a left-padded and a packed batch
   (``cu_seqlens``: eager sizes its per-document rows from it, compiled code uses the
   batch's length, a static shape).
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import time
 import traceback
 
 import torch
@@ -97,9 +100,12 @@ def compiled_against_eager(model, ids, kwargs, device, backend, fullgraph, bf16_
     want_grads = torch.autograd.grad(want, params)
     torch._dynamo.reset()
     counter = CompileCounterWithBackend(backend)
+    start = time.perf_counter()
     got = torch.compile(loss, backend=counter, fullgraph=fullgraph)(ids)
     got_grads = torch.autograd.grad(got, params)
+    seconds = time.perf_counter() - start  # the first call: compiling the forward and backward, and running them once
     record = {"fullgraph": fullgraph, "compiled_graphs": counter.frame_count, "host_syncs": _host_syncs(counter.graphs),
+              "compile_seconds": round(seconds, 1),
               **_errors(got, got_grads, want, want_grads, named)}
     if device == "cuda" and bf16_scale:  # the scale of bf16 autocast's own error: eager under autocast against eager float32
         full = _loss_fn(model, kwargs, device, autocast=False)(ids)
