@@ -47,7 +47,13 @@ On the GPU machine the authors' copying model spends minutes autotuning before i
 keep Triton's cache between calls (``source .tcache/use.sh`` first, ``bash .tcache/pack.sh``
 last, ``../shared/tools/triton-cache.sh keep`` here). Zoology needs ``pydantic`` and the
 authors' copying ``omegaconf``: carry their wheels in ``.whl``. State tracking needs
-``datasets`` (with ``dill`` and ``multiprocess``) and ``ordered-set``: ``.whl-st``.
+``datasets`` (with ``dill`` and ``multiprocess``) and ``ordered-set``: ``.whl-st``. Both folders
+are git-ignored, filled with ``pip download --no-deps --only-binary=:all: --python-version 3.12
+--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d DIR``
+of omegaconf==2.4.0 pydantic==2.14.4 pydantic_core==2.50.5 annotated_types typing_inspection
+(``.whl``, beside fla's) and datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+ordered-set==4.1.0 (``.whl-st``). The checkout travels as ``.authors/selective-rope``, a
+``git archive`` of it in an ignored folder.
 """
 
 from __future__ import annotations
