@@ -43,8 +43,10 @@ training batches (``data``), compared in the report; state tracking shares one d
 
 One run: ``python experiments/vs_authors.py run --task copying --pipeline authors --seed 0 ...``.
 
-On the GPU machine the authors' copying model spends minutes autotuning before its first step:
-keep Triton's cache between calls (``source .tcache/use.sh`` first, ``bash .tcache/pack.sh``
+The authors' Selective RoPE kernels time 390 configurations before their first step (six
+minutes on an H100); by default their runs take the first one, through the release's own test
+switch ``SELECTIVE_ROPE_TESTING=1`` (``--autotune release`` times them all), recorded under
+``authors_changes``. fla's kernels still autotune: keep Triton's cache between calls (``source .tcache/use.sh`` first, ``bash .tcache/pack.sh``
 last, ``../shared/tools/triton-cache.sh keep`` here). Zoology needs ``pydantic`` and the
 authors' copying ``omegaconf``: carry their wheels in ``.whl``. State tracking needs
 ``datasets`` (with ``dill`` and ``multiprocess``) and ``ordered-set``: ``.whl-st``. Both folders
@@ -644,7 +646,14 @@ def run_one(args: argparse.Namespace) -> None:
         ("mqar", "ours"): lambda: run_ours_mqar(args.seed, out, folder / f"ours-mqar-{args.seed}"),
         ("state_tracking", "ours"): lambda: run_ours_state_tracking(args.seed, out, folder / f"ours-state_tracking-{args.seed}"),
     }
+    if args.pipeline == "authors" and args.autotune == "first":
+        # Imported by the authors' Selective RoPE kernels (src/selective_rope/ops/selective_rope.py:11-16):
+        # their first configuration instead of timing 270 forward and 120 backward ones (six
+        # minutes on an H100 before the first step). It picks tile sizes and warps, not arithmetic.
+        os.environ["SELECTIVE_ROPE_TESTING"] = "1"
     runners[args.task, args.pipeline]()
+    if args.pipeline == "authors":
+        out.setdefault("authors_changes", {})["autotune"] = args.autotune
     from srope.lab import provenance
 
     out["provenance"] = provenance.record(source=provenance.commit())
@@ -657,8 +666,11 @@ def run_all(args: argparse.Namespace) -> None:
     for task in args.tasks:
         for seed in args.seeds:
             for pipeline in PIPELINES:
+                if (args.out / f"{task}-{pipeline}-{seed}.json").exists() and not args.redo:
+                    print(f"{task} {pipeline} seed {seed}: done before, kept", flush=True)
+                    continue
                 command = [sys.executable, __file__, "run", "--task", task, "--pipeline", pipeline, "--seed", str(seed), "--release", str(args.release),
-                           "--release-commit", args.release_commit, "--out", str(args.out), "--workers", str(args.workers)]
+                           "--release-commit", args.release_commit, "--out", str(args.out), "--workers", str(args.workers), "--autotune", args.autotune]
                 if subprocess.run(command).returncode:
                     failed.append(f"{task} {pipeline} seed {seed}")
     if failed:
@@ -756,6 +768,8 @@ def main() -> None:
         p.add_argument("--release-commit", default="", help="its commit (read with git when empty)")
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--workers", type=int, default=4, help="the authors' copying data-loader workers (the release's 4)")
+        p.add_argument("--autotune", choices=("first", "release"), default="first",
+                       help="the authors' Selective RoPE kernels: their first configuration (the release's test switch) or all")
         if name == "run":
             p.add_argument("--task", choices=TASKS, required=True)
             p.add_argument("--pipeline", choices=PIPELINES, required=True)
@@ -763,6 +777,7 @@ def main() -> None:
         else:
             p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
             p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+            p.add_argument("--redo", action="store_true", help="run again what has a result in --out")
     p = sub.add_parser("report")
     p.add_argument("folder")
     args = parser.parse_args()

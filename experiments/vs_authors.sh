@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# experiments/vs_authors.py on the GPU machine: every task's stream at once (one process per run
+# inside each), cut at CALL_S seconds so that the report and Triton's cache come back.
+# Carry .whl .whl-st .tcache .authors (see vs_authors.py) and, to go on from an earlier call,
+# its result files in vs-prev/ (runs with a result there are not run again).
+#   TASKS="copying mqar state_tracking" CALL_S=540 bash experiments/vs_authors.sh
+set -u
+source benchmarks/device-env.sh
+if [ -d .whl-st ] && [ -n "$(ls .whl-st)" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-st/*.whl || exit 1
+fi
+python3 -c "import torch, triton, pyarrow; print('torch', torch.__version__, 'triton', triton.__version__, 'pyarrow', pyarrow.__version__, torch.cuda.get_device_name())"
+V=$R/vs
+mkdir -p "$V"
+if [ -d vs-prev ]; then cp vs-prev/*.json "$V/" 2>/dev/null; fi
+for task in ${TASKS:-copying mqar state_tracking}; do
+  timeout "${CALL_S:-540}" python3 experiments/vs_authors.py all --release .authors/selective-rope --release-commit "${RELEASE_COMMIT:-d12e825}" \
+    --tasks "$task" --out "$V" > "$R/vs-$task.log" 2>&1 &
+done
+wait
+rm -rf "$V"/ours-*/  # run folders: their results are in the per-run JSON
+python3 experiments/vs_authors.py report "$V" > "$R/vs-report.log" 2>&1
+tail -n 40 "$R"/vs-*.log
+tar czf "$R/triton-cache.tgz" -C "$TRITON_CACHE_DIR" .
+if [ "$(stat -c %s "$R/triton-cache.tgz")" -gt 15000000 ]; then
+  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar czf "$R/triton-cache.tgz" --null -T -)
+fi
