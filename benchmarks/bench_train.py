@@ -3,7 +3,7 @@
 
 * ``srope train`` runs as a subprocess, exactly as a user starts it (default flags plus the
   batch shape; ``--mode eager`` adds ``--set cuda_graph=off``, ``--mode compile`` adds
-  ``--set compile=true``); tokens/s is the median over its own ``metrics.jsonl`` after the
+  ``--set compile=true``, ``--mode checkpointing`` ``--set activation_checkpointing=true``); tokens/s is the median over its own ``metrics.jsonl`` after the
   first ``--skip`` steps (autotuning, the graph's warm-up and capture), peak memory its
   ``peak_gib``.
 * fla's ``GLAForCausalLM`` (hidden, layers, heads, expand_k/v and short conv of the preset),
@@ -35,7 +35,8 @@ def srope_train(args, position: str, mode: str) -> dict:
                "--max-steps", str(args.steps),
                "--set", f"global_batch_size={args.batch}", "--set", f"micro_batch_size={args.batch}", "--set", f"seq_len={args.length}",
                "--set", f"checkpoint_every={10 * args.steps}", "--set", "eval_rows=8", "--set", "tensorboard=false"]  # fmt: skip
-    command += {"default": [], "eager": ["--set", "cuda_graph=off"], "compile": ["--set", "compile=true"]}[mode]
+    command += {"default": [], "eager": ["--set", "cuda_graph=off"], "compile": ["--set", "compile=true"],
+                "checkpointing": ["--set", "activation_checkpointing=true"]}[mode]
     return {"position": position, "mode": mode} | train_cli(command, timeout=args.timeout, skip=args.skip)
 
 
@@ -176,7 +177,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--skip", type=int, default=4, help="first steps left out of the median")
     parser.add_argument("--positions", default="nope,selective_rope")
-    parser.add_argument("--modes", default="default,eager", help="default (what srope train does), eager (cuda_graph=off), compile")
+    parser.add_argument("--modes", default="default,eager", help="default (what srope train does), eager (cuda_graph=off), compile, checkpointing (activation checkpointing)")
     parser.add_argument("--generate-positions", default="nope,rope,selective_rope")
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=64)
