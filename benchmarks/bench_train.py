@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from common import environment, train_cli, write_json
+from srope.lab.train.optim import adamw
 
 
 def srope_train(args, position: str, mode: str) -> dict:
@@ -56,7 +57,7 @@ def fla_train(args) -> dict:
 
     torch.manual_seed(0)
     model = GLAForCausalLM(fla_config(args.preset)).cuda()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    optimizer = adamw(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.length), device="cuda")
     torch.cuda.reset_peak_memory_stats()
     times = []

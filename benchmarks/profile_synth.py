@@ -32,6 +32,7 @@ from srope.models.modeling import SwiGLU
 from srope.lab.tasks import numerics
 from srope.lab.tasks.common import rng_for
 from srope.lab.tasks.runner import get_task, model_request, resolve_preset, scored_positions, task_loss
+from srope.lab.train.optim import adamw
 
 CONFIGS = {  # name: (task, preset, overrides), as experiments/gpu.sh runs them
     "copying-nope": ("copying", "authors", {"position_type": "nope"}),
@@ -90,7 +91,7 @@ def build_step(task: str, preset: str, overrides: dict, device: torch.device, ba
     for part in model.modules():
         if isinstance(part, (RMSNorm, SwiGLU)):
             part.backend = pieces
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if device.type == "cuda" else None)  # as the runner
+    optimizer = adamw(model.parameters(), lr=1e-4)  # as the runner
     x, y = torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
     loss = task_loss(model, setting.vocab_size, device, cfg.precision)
     return model, optimizer, loss, x, y, scored_positions(y_np, device), host_ms

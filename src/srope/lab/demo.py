@@ -46,6 +46,7 @@ from srope.lab import plotting, provenance
 from srope.lab.config import RunConfig
 from srope.lab.loop import optimizer_step, train_steps
 from srope.lab.schedule import warmup_stable_decay
+from srope.lab.train.optim import adamw
 from srope.ops.layout import RowLayout
 from srope.lab.tasks import state_tracking
 from srope.lab.tasks.common import rng_for
@@ -391,8 +392,8 @@ def make_optimizer(model: torch.nn.Module, config: DemoConfig) -> torch.optim.Ad
     groups = [{"params": others, "lr_scale": 1.0},
               {"params": position, "weight_decay": config.weight_decay if config.position_weight_decay else 0.0,
                "lr_scale": config.position_lr_scale}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=config.betas, eps=config.adam_eps,
-                             weight_decay=config.weight_decay)
+    return adamw([g for g in groups if g["params"]], lr=config.lr, betas=config.betas, eps=config.adam_eps,
+                 weight_decay=config.weight_decay, fused=False)
 
 
 def train_model(kind: str, config: DemoConfig, seed: int, device: str,

@@ -58,6 +58,7 @@ from srope.lab import provenance
 from srope.lab.graphed import graphed_optimizer_step
 from srope.lab.loop import optimizer_step, train_steps
 from srope.lab.schedule import task_schedule
+from srope.lab.train.optim import adamw
 from srope.lab.tasks import copying, mad, mqar, numerics, release, state_tracking
 from srope.lab.config import apply_overrides
 from srope.lab.tasks.numerics import autocast
@@ -254,10 +255,8 @@ def train_run(task: str, cfg, setting: Setting, prepared: Prepared, model_factor
         preds = torch.cat([p for p, _, _ in parts])
         return preds if targets is None else (preds, sum(n for _, n, _ in parts), sum(c for _, _, c in parts))
 
-    # fused on CUDA, as srope train's: one kernel per step, and the same arithmetic whether or
-    # not the step is captured (foreach's capturable path rounds its bias corrections otherwise)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                                  weight_decay=weight_decay, fused=True if device.type == "cuda" else None)  # fmt: skip
+    optimizer = adamw([p for p in model.parameters() if p.requires_grad], lr=lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                      weight_decay=weight_decay)
     if cfg.cuda_graph != "off" and device.type == "cuda":
         step_fn = graphed_optimizer_step(model, optimizer, loss_of, grad_clip=cfg.grad_clip, strict=cfg.cuda_graph == "on")
     else:

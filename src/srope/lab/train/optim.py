@@ -1,4 +1,5 @@
-"""AdamW parameter groups and the paper's learning-rate schedule."""
+"""The lab's one AdamW constructor and the paper's parameter groups (schedules:
+:mod:`srope.lab.schedule`)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,18 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def adamw(params, *, lr: float, betas=(0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.0, fused: bool | None = None) -> torch.optim.AdamW:
+    """AdamW over ``params`` (tensors or groups). ``fused=None`` picks the fused kernel when
+    every parameter is on a CUDA device (one kernel per step, the same arithmetic whether or
+    not the step is captured; foreach's capturable path rounds its bias corrections
+    otherwise), else PyTorch's default; ``False`` keeps PyTorch's default."""
+    params = list(params)
+    if fused is None:
+        tensors = [p for item in params for p in (item["params"] if isinstance(item, dict) else [item])]
+        fused = bool(tensors) and all(p.is_cuda for p in tensors)
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused or None)
+
+
 def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float = 0.1, betas=(0.9, 0.95), eps: float = 1e-8) -> torch.optim.AdamW:
-    groups = parameter_groups(model, weight_decay)
-    fused = all(p.is_cuda for group in groups for p in group["params"]) and torch.cuda.is_available()
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
+    """:func:`adamw` over the model's :func:`parameter_groups` (``srope train``'s)."""
+    return adamw(parameter_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
