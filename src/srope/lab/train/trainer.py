@@ -389,8 +389,8 @@ def resolve_recorded_paths(before: dict, now: dict) -> dict:
 
 
 def _names_the_same(old, new, key: str) -> bool:
-    """Whether the recorded ``old`` is a relative path that names ``new`` from the current directory."""
-    if not (isinstance(old, str) and isinstance(new, str)) or old == new or os.path.isabs(os.path.expanduser(old)):
+    """Whether the recorded ``old`` is a path other than ``new`` in text that names it from the current directory."""
+    if not (isinstance(old, str) and isinstance(new, str)) or old == new:
         return False
     if key == "tokenizer" and old == MISTRAL_V1:
         return False  # a name, not a path
