@@ -206,3 +206,32 @@ def test_not_a_model_folder_raises(tmp_path):
         lm_eval_argv(tmp_path, "piqa", device="cpu")
     with pytest.raises(ValueError, match="key=value"):
         parse_model_args("dtype")
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda config: {**config, "model_type": "llama"}, "has model_type 'llama', not 'srope'"),
+        (lambda config: {k: v for k, v in config.items() if k != "model_type"}, "has no model_type"),
+        (lambda config: {**config, "num_hidden_layers": config["num_hidden_layers"] + 1}, "do not match"),
+    ],
+    ids=["llama", "no-model-type", "layers"],
+)
+def test_lm_eval_refuses_a_model_folder_that_srope_eval_refuses(random_model, tmp_path, capsys, monkeypatch, change, expected):
+    """Another library's config.json, or one that disagrees with the weights, is one line before
+    lm-eval starts (its HFLM loaded such a folder: another library's model, or random weights)."""
+    import shutil
+
+    from srope.lab.cli import main
+    from srope.lab.eval import harness
+
+    model = tmp_path / "model"
+    shutil.copytree(random_model, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(change(config)))
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        lm_eval_argv(model, "piqa", device="cpu")
+    monkeypatch.setattr(harness, "run_lm_eval", lambda argv: pytest.fail(f"lm-eval started on {model}"))
+    assert main(["lm-eval", "--model", str(model), "--tasks", "piqa", "--device", "cpu"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("srope lm-eval: error: ") and expected in lines[0] and str(model / "config.json") in lines[0], lines

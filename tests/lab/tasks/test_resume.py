@@ -226,6 +226,32 @@ def test_refusals(tmp_path):
     assert (args.jobs, args.stop_after_steps, args.resume) == (3, 5, True)
 
 
+def test_a_second_synth_into_a_folder_in_use_is_refused_and_changes_nothing(tmp_path, capsys):
+    """`srope synth` holds its --out as `srope train` does (srope.lab.train.run_folder): a second
+    start while the first runs, with or without --resume, into a sweep in progress or a folder
+    just made, is one line naming the folder and the holder's pid, and changes nothing there."""
+    from srope.lab.cli import main
+    from srope.lab.train.run_folder import RunFolder
+
+    sets = {**SMOKE["state_tracking"], **REAL, "seeds": "0"}
+    argv = lambda out: ["synth", "state_tracking", "--no-progress", "--cache-dir", "none", "--device", "cpu", "--out", str(out),
+                        *(f"--set={k}={v}" for k, v in sets.items())]  # fmt: skip
+    files = lambda out: {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    out, new = tmp_path / "sweep", tmp_path / "new"
+    assert main([*argv(out), "--stop-after-steps", "1"]) == 0  # a sweep in progress: results.json and a checkpoint
+    with RunFolder(out), RunFolder(new):  # the first runs, still running, in this process
+        for folder in (out, new):
+            before = files(folder)
+            for resume in ([], ["--resume"]):
+                capsys.readouterr()
+                assert main([*argv(folder), *resume]) == 2
+                err = capsys.readouterr().err.strip().splitlines()
+                assert len(err) == 1 and str(folder) in err[0] and f"pid {os.getpid()}" in err[0], err
+                assert files(folder) == before
+    assert main([*argv(out), "--resume"]) == 0 and json.loads((out / "results.json").read_text())["complete"]
+    assert not (out / ".lock").exists()
+
+
 def test_a_run_started_before_a_setting_existed_resumes_with_what_it_ran(tmp_path):
     """A results.json without a setting added since ran as that setting's value then: eager for
     cuda_graph and the full head for head_at_targets, whose defaults are now "auto". Resuming

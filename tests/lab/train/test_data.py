@@ -621,3 +621,51 @@ def test_a_token_store_refuses_the_options_that_make_one(store, tokenizer_dir):
         with pytest.raises(ValueError, match=rf"is a token store: .*fixed when it was prepared.*leave {name} unset"):
             load_corpus(store, **options)
     assert load_corpus(store).path == Path(store)  # the store alone opens as is
+
+
+def _prepare_refused(argv: list[str], option: str, why: str, capsys) -> None:
+    from srope.lab.cli import main
+
+    capsys.readouterr()
+    assert main(["data", "prepare", *argv]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and option in err[0] and why in err[0], err
+
+
+@pytest.mark.parametrize("option", [["--split", "validation"], ["--text-field", "content"], ["--revision", "v2"]], ids=lambda o: o[0])
+def test_data_prepare_refuses_a_source_option_with_a_token_store(store, option, capsys):
+    """`srope data prepare STORE --split/--text-field/--revision` reported the store as if the
+    option had been used: the store's source was read when it was prepared."""
+    _prepare_refused([store, *option], option[0], "is a token store", capsys)
+
+
+def test_data_prepare_source_options_take_effect_or_are_refused(corpus_dir, texts, tokenizer_dir, tmp_path, capsys, no_network):
+    """--split and --revision are a Hugging Face dataset's, --text-field a JSON or parquet column:
+    given for a source that has none, each is refused with the reason (they were ignored)."""
+    from srope.lab.cli import main
+
+    local = ["--tokenizer", str(tokenizer_dir), "--cache", str(tmp_path / "c"), "--val-fraction", "0.3"]
+    for option in (["--split", "test"], ["--text-field", "content"], ["--revision", "v2"]):
+        _prepare_refused(["shakespeare", *option], option[0], "shakespeare", capsys)
+    for option in (["--split", "test"], ["--revision", "v2"]):
+        _prepare_refused([str(corpus_dir), *option, *local], option[0], "Hugging Face", capsys)
+    _prepare_refused([str(corpus_dir), "--text-field", "content", *local], "--text-field", ".txt", capsys)
+
+    lines = tmp_path / "docs.jsonl"  # a column of JSON lines: taken
+    lines.write_text("".join(json.dumps({"content": t}) + "\n" for t in texts), encoding="utf-8")
+    printed_store = lambda: open_store(capsys.readouterr().out.split("token store: ")[1].splitlines()[0]).meta
+    capsys.readouterr()
+    assert main(["data", "prepare", str(lines), "--text-field", "content", *local]) == 0
+    assert printed_store()["source"]["text_field"] == "content"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    hub = tmp_path / "hub"  # a dataset's split: taken (datasets names the splits from the file names)
+    hub.mkdir()
+    for split, part in (("train", texts[:10]), ("test", texts[10:])):
+        pq.write_table(pa.table({"body": part}), hub / f"{split}.parquet")
+    assert main(["data", "prepare", f"hf:{hub}", "--split", "test", "--text-field", "body", *local]) == 0
+    meta = printed_store()
+    assert (meta["source"]["split"], meta["source"]["text_field"], meta["documents_read"]) == ("test", "body", len(texts[10:]))
+    hf = resolve_source("hf:owner/name", split="validation", revision="v2")
+    assert (hf.split, hf.revision, hf.text_field) == ("validation", "v2", "text")

@@ -5,6 +5,8 @@ nothing."""
 from __future__ import annotations
 
 import json
+import os
+import random
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from srope.lab.cli import main
 from srope.lab.train import trainer
 from srope.lab.train.trainer import TrainConfig, train
+from tests.lab.train.conftest import make_text
 from tests.lab.train.test_checkpoint import RUN, _argv, _child, _wait_for_steps
 from tests.lab.train.test_trainer import losses
 
@@ -130,3 +133,36 @@ def test_a_run_killed_after_its_last_checkpoint_finishes_on_resume(store, tmp_pa
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["complete"] and run["metrics"]["val_loss"] == final["val_loss"]
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2]
+
+
+def test_a_run_that_recorded_relative_paths_resumes_with_a_warning(tokenizer_dir, tmp_path, monkeypatch):
+    """Runs from before paths were stored absolute recorded --data and --tokenizer as given, and
+    resuming them was refused as "settings differ". A recorded relative path is resolved against
+    the current directory (as that code read it): the same files resume, with a one-line
+    warning; from another directory they name other files and are still refused."""
+    rng = random.Random(5)
+    (tmp_path / "corpus").mkdir()
+    for i in range(40):
+        (tmp_path / "corpus" / f"doc{i:02d}.txt").write_text(make_text(rng, rng.randint(40, 300)), encoding="utf-8")
+    tokenizer = os.path.relpath(tokenizer_dir, tmp_path)
+    config = lambda data, tokenizer: TrainConfig(data=data, tokenizer=tokenizer, cache=str(tmp_path / "cache"), val_fraction=0.2, max_steps=2,
+                                                 **{**RUN, "lr": 3e-3})  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as before:
+        before.setattr(trainer, "_absolute", lambda spec: spec)  # what srope train recorded then
+        train(config("corpus", tokenizer), tmp_path / "run", stop_after=1)
+    recorded = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert (recorded["data"], recorded["tokenizer"]) == ("corpus", tokenizer)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="settings differ"):
+        train(config(str(tmp_path / "corpus"), str(tokenizer_dir)), tmp_path / "run", resume=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning) as warned:
+        train(config("corpus", tokenizer), tmp_path / "run", resume=True)
+    said = [str(w.message) for w in warned if "relative" in str(w.message)]
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert said[0].startswith(f"the run recorded a relative data path 'corpus' and a relative tokenizer path {tokenizer!r}"), said
+    assert f"they name {tmp_path / 'corpus'} and {tokenizer_dir}, what this run reads" in said[0], said
+    train(config("corpus", tokenizer), tmp_path / "whole")
+    assert losses(tmp_path / "run") == losses(tmp_path / "whole")

@@ -89,6 +89,22 @@ def test_a_run_folder_with_other_settings_is_not_reused(store, tmp_path):
         sweep_lr(TrainConfig(data=store, **(SMALL | {"seq_len": 16})), out, [1e-3], plot=False)
 
 
+def test_a_run_folder_that_recorded_a_relative_data_path_is_reused(store, tmp_path, monkeypatch):
+    """An older srope recorded --data as given: read from the current directory, the recorded
+    path names the same store, so the run is the sweep's (with a warning); from another
+    directory it names another and the folder is not reused."""
+    config = TrainConfig(data=store, lr=1e-3, **SMALL).resolved()
+    folder = tmp_path / run_dir_name(1e-3)
+    folder.mkdir()
+    (folder / "train_config.json").write_text(json.dumps({**config.to_dict(), "data": Path(store).name}))
+    monkeypatch.chdir(Path(store).parent)
+    with pytest.warns(UserWarning, match=f"recorded a relative data path {Path(store).name!r}"):
+        sweep_module._check_same_settings(folder, config)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="other settings"):
+        sweep_module._check_same_settings(folder, config)
+
+
 def test_choose_and_bad_arguments(store, tmp_path):
     runs = [{"lr": 1e-3, "status": "ok", "val_loss": 2.0}, {"lr": 2e-3, "status": "ok", "val_loss": 1.5}, {"lr": 4e-3, "status": "diverged", "val_loss": None}]
     assert choose(runs)["lr"] == 2e-3 and choose(runs[2:]) is None

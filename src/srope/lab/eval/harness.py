@@ -8,6 +8,9 @@ loads our model and the tokenizer saved beside it from the folder, and everythin
 does (loglikelihood, loglikelihood_rolling, generate_until with ``model.generate`` and our
 own cache, batching, results and sample files) is lm-eval's.
 
+The model folder is checked first as ``srope eval`` checks it: a ``config.json`` of another
+``model_type``, or one that disagrees with the weights, is refused before lm-eval starts.
+
 What we set in ``--model_args`` (any of them can be overridden with ``--model-args``):
 
 * ``backend=causal`` (HFLM cannot tell from an unknown model type);
@@ -48,10 +51,12 @@ def _check_positive(name: str, value) -> None:
 
 
 def model_args(model: str | os.PathLike, *, dtype: str = "auto", device: str = "auto", max_length: int | None = None, extra: dict | None = None) -> dict:
-    """lm-eval's HFLM arguments for the srope model folder ``model`` (or a run folder)."""
-    from srope.lab.eval.model_dir import autocast_dtype, find_train_config, resolve_device, resolve_model_dir
+    """lm-eval's HFLM arguments for the srope model folder ``model`` (or a run folder), checked
+    as ``srope eval`` checks it (:func:`srope.lab.eval.model_dir.check_model`)."""
+    from srope.lab.eval.model_dir import autocast_dtype, check_model, find_train_config, resolve_device, resolve_model_dir
 
     folder = resolve_model_dir(model)
+    check_model(folder)
     where = resolve_device(device)
     args: dict = {"pretrained": str(folder.resolve()), "backend": "causal", "dtype": "float32"}
     if autocast_dtype(dtype, where) is not None:

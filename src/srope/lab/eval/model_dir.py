@@ -149,5 +149,12 @@ def load_model(model_dir: Path, device: torch.device):
     return model.to(device).eval()
 
 
+def check_model(model_dir: Path) -> None:
+    """Refuse what :func:`load_model` refuses, for a caller whose own loader would accept it
+    (lm-eval's HFLM loads another library's model, or random weights for missing ones): the
+    model is loaded once on the CPU and dropped, since only loading it tells its weights match."""
+    load_model(model_dir, torch.device("cpu"))
+
+
 def has_tokenizer(model_dir: Path) -> bool:
     return (model_dir / "tokenizer_config.json").is_file() or (model_dir / "tokenizer.json").is_file()

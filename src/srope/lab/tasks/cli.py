@@ -7,7 +7,8 @@
 
 ``--jobs N`` trains N of the sweep's runs at once in worker processes; ``--resume``
 continues the sweep in ``--out`` exactly where it stopped (SIGINT, SIGTERM,
-``--stop-after-steps``, or a kill: then from the last checkpoint).
+``--stop-after-steps``, or a kill: then from the last checkpoint). One sweep per ``--out``: a
+second ``srope synth`` into a folder in use is refused, naming the pid that holds it.
 
 ``--mixer`` and ``--position`` are shorthands for ``--set mixer=...`` and
 ``--set position_type=...``; ``--set model.KEY=V`` / ``--set position.KEY=V`` reach the model

@@ -67,6 +67,7 @@ from srope.lab.tasks.parallel import LocalControl
 from srope.lab.tasks.summary import summarize
 from srope.lab.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, remove_unfinished, save_checkpoint, usable_checkpoint
 from srope.lab.train.distributed import World
+from srope.lab.train.run_folder import RunFolder
 
 TASKS = {"mqar": mqar, "mad": mad, "copying": copying, "state_tracking": state_tracking}
 ModelFactory = Callable[[ModelRequest], nn.Module]
@@ -460,7 +461,9 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
     ``$SROPE_CACHE`` or ``~/.cache/srope``; ``None`` keeps data in memory only. Returns the
     results dict that is also written to ``out/results.json``.
 
-    ``out`` must be new or empty unless ``resume``: then the sweep in ``out`` continues with
+    The call holds ``out`` as ``srope train`` holds its run folder (:mod:`srope.lab.train.run_folder`):
+    a second call into it while this one runs is refused, naming the holder's pid, and changes
+    nothing there. ``out`` must be new or empty unless ``resume``: then the sweep in ``out`` continues with
     the same settings (a difference raises ValueError naming it): its finished runs are
     kept, the runs in progress continue from their checkpoints (``out/runs/NAME/``), and
     the result equals that of a sweep never stopped, bitwise. ``jobs`` runs that many runs
@@ -497,35 +500,39 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
         plotting.require("srope synth's plots (or call run_synthetic(..., plot=False))")  # before the runs, not after
     cache = default_cache_dir() if cache_dir == "default" else cache_dir
     out = Path(out)
-    results = _previous_results(out, task, preset_name, cfg, resume)
-    if results is not None and results.get("complete"):
-        return results
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    # On the CPU a worker of a concurrent sweep runs on one thread: see srope.lab.tasks.parallel.
-    threads = getattr(cfg, "threads", 0) or (0 if jobs == 1 else 1 if dev.type == "cpu" else max(1, (os.cpu_count() or 1) // jobs))
-    try:
-        with cpu_threads(threads if jobs == 1 else 0, dev):
-            if results is None:
-                results = {
-                    "task": task, "preset": preset_name, "label": label or default_label(cfg), "mixer": cfg.mixer, "position_type": cfg.position_type,
-                    "overrides": {k: str(v) for k, v in (overrides or {}).items()}, "config": cfg.to_dict(),
-                    "release_differences": release.differences(module, preset_name, cfg),
-                    "settings": [dataclasses.asdict(s) for s in module.settings(cfg)], **provenance.environment(dev), "complete": False, "runs": [], "provenance": [],
-                }  # fmt: skip
-                if jobs > 1:
-                    results["threads"] = threads
-            elif label is not None:
-                results["label"] = label
-            return _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress, plot, resume, jobs, threads, stop_after_steps, autotune)
-    except Exception:
-        if not resume and not _has_progress(out):  # a failed start leaves nothing behind
-            if created:
-                shutil.rmtree(out, ignore_errors=True)
-            else:
-                (out / RESULTS_FILE).unlink(missing_ok=True)
-                shutil.rmtree(out / RUNS_DIR, ignore_errors=True)
-        raise
+    with RunFolder(out) as folder:  # one sweep per folder: a second start into it is refused, naming the holder
+        try:
+            results = _previous_results(out, task, preset_name, cfg, resume)
+        except Exception:
+            if folder.created:
+                shutil.rmtree(folder.created_root, ignore_errors=True)
+            raise
+        if results is not None and results.get("complete"):
+            return results
+        # On the CPU a worker of a concurrent sweep runs on one thread: see srope.lab.tasks.parallel.
+        threads = getattr(cfg, "threads", 0) or (0 if jobs == 1 else 1 if dev.type == "cpu" else max(1, (os.cpu_count() or 1) // jobs))
+        try:
+            with cpu_threads(threads if jobs == 1 else 0, dev):
+                if results is None:
+                    results = {
+                        "task": task, "preset": preset_name, "label": label or default_label(cfg), "mixer": cfg.mixer, "position_type": cfg.position_type,
+                        "overrides": {k: str(v) for k, v in (overrides or {}).items()}, "config": cfg.to_dict(),
+                        "release_differences": release.differences(module, preset_name, cfg),
+                        "settings": [dataclasses.asdict(s) for s in module.settings(cfg)], **provenance.environment(dev), "complete": False, "runs": [], "provenance": [],
+                    }  # fmt: skip
+                    if jobs > 1:
+                        results["threads"] = threads
+                elif label is not None:
+                    results["label"] = label
+                return _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress, plot, resume, jobs, threads, stop_after_steps, autotune)
+        except Exception:
+            if not resume and not _has_progress(out):  # a failed start leaves nothing behind (the lock says nobody else wrote here)
+                if folder.created:
+                    shutil.rmtree(folder.created_root, ignore_errors=True)
+                else:
+                    (out / RESULTS_FILE).unlink(missing_ok=True)
+                    shutil.rmtree(out / RUNS_DIR, ignore_errors=True)
+            raise
 
 
 def _previous_results(out: Path, task: str, preset_name: str, cfg, resume: bool) -> dict | None:

@@ -301,8 +301,8 @@ def resolve_source(
     spec: str | os.PathLike | TextSource,
     *,
     config: str | None = None,
-    split: str = "train",
-    text_field: str = "text",
+    split: str | None = None,
+    text_field: str | None = None,
     revision: str | None = None,
 ) -> TextSource:
     """Turn ``--data`` into a :class:`TextSource`.
@@ -310,20 +310,25 @@ def resolve_source(
     ``"shakespeare"``; ``"hf:NAME[:CONFIG]"`` (a Hugging Face dataset, e.g.
     ``hf:HuggingFaceFW/fineweb-edu:sample-10BT``); anything else is a local file or folder,
     and a missing one is an error at once (with a hint when it looks like ``owner/name``).
+    ``config``, ``split`` (default ``train``) and ``revision`` are a dataset's; ``text_field``
+    (default ``text``) is the column of JSON, parquet and dataset rows. Given for a source that
+    has no such thing, each is a ValueError: it would do nothing, yet look used.
     """
     if isinstance(spec, TextSource):
         return spec
     if not isinstance(spec, (str, os.PathLike)):
         raise TypeError(f"a data source must be a name, a path or a TextSource, got {type(spec).__name__}")
     text = os.fspath(spec)
+    dataset_options = {"config": config, "split": split, "revision": revision}
     if text == "shakespeare":
+        _refuse_options(text, {**dataset_options, "text_field": text_field}, "the built-in corpus is plain text with fixed held-out works")
         return TextSource("shakespeare")
     if text.startswith("hf:"):
         name = text[3:]
         if ":" in name:
             name, config = name.split(":", 1)
         _refuse_loading_script(Path(name).expanduser())
-        return TextSource("hf", name, config=config, split=split, text_field=text_field, revision=revision)
+        return TextSource("hf", name, config=config, split=split or "train", text_field=text_field or "text", revision=revision)
     path = Path(text).expanduser()
     if not path.exists():
         hint = f"; did you mean hf:{text}? (Hugging Face datasets are named with hf:)" if _HF_NAME.match(text) else ""
@@ -332,7 +337,17 @@ def resolve_source(
             "file or folder, or a Hugging Face dataset as 'hf:NAME[:CONFIG]'"
         )
     _refuse_loading_script(path)
-    return TextSource("files", str(path), text_field=text_field)
+    _refuse_options(text, dataset_options, "a local file or folder is read whole (configs, splits and revisions are a Hugging Face dataset's: hf:NAME)")
+    if text_field is not None and all(LOCAL_SUFFIXES[file.suffix] == "text" for file in local_files(path)):
+        _refuse_options(text, {"text_field": text_field}, "its .txt files are plain text (a field names the column of .jsonl, .json or .parquet rows)")
+    return TextSource("files", str(path), text_field=text_field or "text")
+
+
+def _refuse_options(source: str, options: dict, why: str) -> None:
+    """A ValueError naming the first of ``options`` that is set: it does not apply to ``source``, because ``why``."""
+    for name, value in options.items():
+        if value is not None:
+            raise ValueError(f"data source {source!r}: {name} (--{name.replace('_', '-')}) does not apply: {why}; leave it unset")
 
 
 def _refuse_loading_script(path: Path) -> None:

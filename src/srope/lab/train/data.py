@@ -201,16 +201,18 @@ def is_store(source) -> bool:
         return False
 
 
-def check_store_options(store, *, tokenizer=None, val_fraction=None, max_train_tokens=None, max_val_tokens=None, add_bos=True, add_eos=True) -> None:
-    """A token store was tokenised, split and capped when it was prepared: passing the options
-    that make one with a store is a ValueError (they would do nothing, yet be recorded as used)."""
+def check_store_options(store, *, tokenizer=None, val_fraction=None, max_train_tokens=None, max_val_tokens=None, add_bos=True, add_eos=True,
+                        split=None, text_field=None, revision=None) -> None:  # fmt: skip
+    """A token store's source was read, tokenised, split and capped when it was prepared: passing
+    the options that make one with a store is a ValueError (they would do nothing, yet be recorded as used)."""
     given = {"tokenizer": tokenizer is not None, "val_fraction": val_fraction is not None, "max_train_tokens": max_train_tokens is not None,
-             "max_val_tokens": max_val_tokens is not None, "add_bos": not add_bos, "add_eos": not add_eos}  # fmt: skip
+             "max_val_tokens": max_val_tokens is not None, "add_bos": not add_bos, "add_eos": not add_eos,
+             "split": split is not None, "text_field": text_field is not None, "revision": revision is not None}  # fmt: skip
     for name, used in given.items():
         if used:
             flag = {"add_bos": "--no-bos", "add_eos": "--no-eos"}.get(name, "--" + name.replace("_", "-"))
             raise ValueError(
-                f"{os.fspath(store)} is a token store: its tokenizer, held-out split and limits were fixed when it was prepared; "
+                f"{os.fspath(store)} is a token store: its source, tokenizer, held-out split and limits were fixed when it was prepared; "
                 f"leave {name} unset ({flag}), or pass the source text to prepare another store"
             )
 
@@ -809,9 +811,11 @@ def eval_batches(
 
 
 def run_prepare_command(args: argparse.Namespace) -> int:
-    source = args.source
-    if not is_store(Path(source)):
-        source = resolve_source(source, split=args.split, text_field=args.text_field, revision=args.revision)
+    source, read = args.source, {"split": args.split, "text_field": args.text_field, "revision": args.revision}
+    if is_store(Path(source)):
+        check_store_options(source, **read)
+    else:
+        source = resolve_source(source, **read)
     corpus = load_corpus(
         source,
         args.tokenizer,

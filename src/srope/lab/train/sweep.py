@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 
 from srope.lab.train.checkpoint import latest_checkpoint
-from srope.lab.train.trainer import TrainConfig, train
+from srope.lab.train.trainer import TrainConfig, resolve_recorded_paths, train
 
 PAPER_LRS = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # Table 5 of the paper
 # Settings that do not change what a run computes: a run may be resumed with other values.
@@ -68,7 +68,8 @@ def _check_same_settings(folder: Path, config: TrainConfig) -> None:
     file = folder / "train_config.json"
     if not file.is_file():
         return
-    saved, wanted = json.loads(file.read_text()), config.to_dict()
+    wanted = config.to_dict()
+    saved = resolve_recorded_paths(json.loads(file.read_text()), wanted)
     differ = sorted(k for k in set(saved) | set(wanted) if k not in _NOT_COMPARED and saved.get(k) != wanted.get(k))
     if differ:
         details = ", ".join(f"{k}: {saved.get(k)!r} there, {wanted.get(k)!r} now" for k in differ)

@@ -59,6 +59,8 @@ from srope.lab.train.tokenizer import MISTRAL_V1
 
 # Settings a resumed run may change (they do not affect the numbers computed).
 RESUME_MAY_CHANGE = {"checkpoint_every", "log_every", "eval_every", "tensorboard", "device", "cache", "cuda_graph"}
+# Settings that are local paths: recorded absolute (resolve_recorded_paths reads older runs' relative ones).
+PATH_SETTINGS = ("data", "tokenizer", "cache")
 
 
 # The allowed range of every numeric setting, checked by TrainConfig.resolved() (the one place).
@@ -366,9 +368,34 @@ def _finished_run(out: Path) -> dict | None:
 
 def _check_same_settings(before: dict, config: TrainConfig) -> None:
     now = config.to_dict()
+    before = resolve_recorded_paths(before, now)
     changed = {k: (v, now[k]) for k, v in before.items() if k not in RESUME_MAY_CHANGE and now.get(k) != v}
     if changed:
         raise ValueError(f"--resume: settings differ from the run's: {changed} (started with, now); resume with the same settings")
+
+
+def resolve_recorded_paths(before: dict, now: dict) -> dict:
+    """``before`` (a run's recorded settings) with each relative path in ``PATH_SETTINGS`` that
+    names, from the current directory, the absolute path ``now`` has, replaced by it, with a
+    one-line warning. Runs from before paths were recorded absolute kept them as given, and
+    read them against the directory they ran in."""
+    same = {key: before[key] for key in PATH_SETTINGS if _names_the_same(before.get(key), now.get(key), key)}
+    if same:
+        recorded = " and ".join(f"a relative {key} path {old!r}" for key, old in same.items())
+        warnings.warn(f"the run recorded {recorded} (srope recorded paths as given then); from the current directory "
+                      f"{'they name' if len(same) > 1 else 'it names'} {' and '.join(now[key] for key in same)}, what this run reads, so it resumes",
+                      stacklevel=3)  # fmt: skip
+    return {**before, **{key: now[key] for key in same}}
+
+
+def _names_the_same(old, new, key: str) -> bool:
+    """Whether the recorded ``old`` is a path other than ``new`` in text that names it from the current directory."""
+    if not (isinstance(old, str) and isinstance(new, str)) or old == new:
+        return False
+    if key == "tokenizer" and old == MISTRAL_V1:
+        return False  # a name, not a path
+    path = local_path(old)
+    return path is not None and str(path) == new
 
 
 class _Phases:
