@@ -339,8 +339,25 @@ def zoology_config(release: Path, seed: int):
     return config, {"max_epochs": p["epochs"], "logger": "a recorder instead of wandb"}
 
 
+def annotations_for_zoology_gla() -> str:
+    """Zoology's ``mixers/gla.py`` imports ``Cache`` and ``Unpack`` under ``TYPE_CHECKING``
+    only (lines 9-11) and names them in ``forward``'s annotations (line 26), which Python
+    evaluates when the class is made before 3.14 (PEP 649): a ``NameError`` on 3.12 and
+    3.13, which the release's ``requires-python = ">=3.12"`` admits. The two names are made
+    resolvable, the module unchanged."""
+    import builtins
+
+    from fla.models.utils import Cache
+    from transformers.processing_utils import Unpack
+
+    builtins.Cache, builtins.Unpack = Cache, Unpack
+    return "Cache and Unpack resolvable for mixers/gla.py's annotations (a NameError on Python < 3.14)"
+
+
 def run_authors_mqar(release: Path, seed: int, out: dict) -> None:
     config, changes = zoology_config(release, seed)
+    if sys.version_info < (3, 14):
+        changes["annotations"] = annotations_for_zoology_gla()
     import zoology.train as zoology_train
     from zoology.data.utils import prepare_data
 

@@ -6,6 +6,7 @@
 #   TASKS="copying mqar state_tracking" CALL_S=540 bash experiments/vs_authors.sh
 set -u
 source benchmarks/device-env.sh
+export TQDM_MININTERVAL=30 HF_DATASETS_DISABLE_PROGRESS_BARS=1
 if [ -d .whl-st ] && [ -n "$(ls .whl-st)" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-st/*.whl || exit 1
 fi
@@ -21,6 +22,7 @@ wait
 rm -rf "$V"/ours-*/  # run folders: their results are in the per-run JSON
 python3 experiments/vs_authors.py report "$V" > "$R/vs-report.log" 2>&1
 tail -n 40 "$R"/vs-*.log
+tar czf "$R/vs.tgz" -C "$R" vs && rm -rf "$V"  # at most 8 files come back from a call
 tar czf "$R/triton-cache.tgz" -C "$TRITON_CACHE_DIR" .
 if [ "$(stat -c %s "$R/triton-cache.tgz")" -gt 15000000 ]; then
   (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar czf "$R/triton-cache.tgz" --null -T -)
