@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, write_json  # noqa: E402
+from common import environment, position_configs, write_json  # noqa: E402
 
 from srope.layers import GatedLinearAttention  # noqa: E402
 from srope.ops import rope, selective_rope  # noqa: E402
@@ -127,7 +127,7 @@ def build_cases() -> dict:
 
     hidden, length = 256, 64
     x = torch.randn(1, length, hidden, device=dev, requires_grad=True)
-    positions_cfg = {"nope": "nope", "rope": {"type": "rope", "theta": 500000.0}, "selective_rope": {"type": "selective_rope"}}
+    positions_cfg = position_configs(rope={"theta": 500000.0})
     for name, position in positions_cfg.items():
         layer = GatedLinearAttention(hidden_size=hidden, position=position, num_heads=4, expand_k=0.5, expand_v=1.0,
                                      use_short_conv=True).to(dev)

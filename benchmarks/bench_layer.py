@@ -16,7 +16,7 @@ import traceback
 
 import torch
 
-from common import environment, graph_ms, median_ms, write_json
+from common import environment, graph_ms, median_ms, position_configs, write_json
 from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLinearAttention
 from srope import backend
 from srope.ops import gla, selective_rope
@@ -28,7 +28,7 @@ HOSTS = {
     "forgetting_attn": (ForgettingAttention, dict(num_heads=16)),
     "attention": (Attention, dict(num_heads=16)),
 }
-POSITIONS = {"nope": "nope", "rope": {"type": "rope", "theta": 500000.0}, "selective_rope": {"type": "selective_rope"}}
+POSITIONS = position_configs(rope={"theta": 500000.0})
 # GLA + Selective RoPE once more on PyTorch's routes (srope.backend "torch": generator and
 # rotation without srope's kernels): what the kernels save, in the same run.
 TORCH = "selective_rope_torch"

@@ -22,13 +22,13 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from common import environment, write_json
+from common import environment, position_configs, write_json
 from graphs import GraphedGreedyDecode, GraphedTrainStep
 from srope.models import SRopeForCausalLM, preset_config
 from srope.models.cache import CACHE_FIELD, SRopeCache
 from srope.lab.train.optim import build_optimizer
 
-POSITIONS = {"nope": "nope", "rope": {"type": "rope", "theta": 500000.0}, "selective_rope": {"type": "selective_rope"}}
+POSITIONS = position_configs(rope={"theta": 500000.0})
 
 
 def sync(device) -> None:

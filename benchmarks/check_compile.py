@@ -33,11 +33,12 @@ import traceback
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from common import environment, write_json
+from common import environment, position_configs, write_json
 from srope.models import SRopeConfig, SRopeForCausalLM
+from srope.registry import mixers
 
-MIXERS = ("attention", "forgetting_attn", "gla", "gated_deltanet")
-POSITIONS = {"nope": "nope", "rope": "rope", "selective_rope": {"type": "selective_rope", "bias": True}}
+MIXERS = tuple(mixers)
+POSITIONS = position_configs(selective_rope={"bias": True})
 TINY = dict(hidden_size=32, num_heads=2, num_hidden_layers=2, vocab_size=61, initializer_range=0.2)
 GEOMETRY = {  # as check_cuda.py
     "gla": dict(hidden_size=1024, num_heads=4),

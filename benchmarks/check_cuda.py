@@ -39,15 +39,16 @@ import traceback
 from pathlib import Path
 
 import torch
-from common import environment, write_json
+from common import environment, position_configs, write_json
 from safetensors.torch import load_file
 
 from srope.models import SRopeConfig, SRopeForCausalLM, preset_config
+from srope.registry import positions
 from srope.models.cache import CACHE_FIELD
 from srope.lab.train.trainer import TrainConfig, train
 
 MIXERS = {"gla": "gla-tiny", "gated_deltanet": "gdn-tiny", "forgetting_attn": "fox-tiny", "attention": "transformer-tiny"}
-POSITIONS = ("nope", "rope", "selective_rope")
+POSITIONS = tuple(positions)
 SIZE = {"hidden_size": 256, "num_heads": 2}
 
 
@@ -151,7 +152,7 @@ GEOMETRY = {
     "forgetting_attn": dict(hidden_size=1024, num_heads=16),
     "attention": dict(hidden_size=1024, num_heads=16),
 }
-MODEL_POSITIONS = {"nope": "nope", "rope": {"type": "rope", "theta": 500000.0}, "selective_rope": {"type": "selective_rope", "bias": True}}
+MODEL_POSITIONS = position_configs(rope={"theta": 500000.0}, selective_rope={"bias": True})
 TOL_FP32, TOL_BF16 = 5e-3, 3e-2  # relative RMS errors against the CPU
 BF16_VS_CPU = 2.0  # the GPU's bf16 error may be this many times the CPU's own bf16 error
 

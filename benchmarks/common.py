@@ -22,6 +22,14 @@ if str(ROOT / "src") not in sys.path:
 HBM_BYTES_PER_S = 4.25e12  # the H200's measured device-to-device copy rate (GUIDE §5)
 
 
+def position_configs(**options: dict) -> dict[str, dict]:
+    """Every registered position encoding (``srope.registry.positions``) as a config, with the
+    benchmark's ``options[name]`` (e.g. ``rope={"theta": 500000.0}``) where given."""
+    from srope.registry import positions
+
+    return {name: {"type": name, **options.get(name, {})} for name in positions}
+
+
 def version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)

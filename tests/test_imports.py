@@ -11,7 +11,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 # The library: what a model needs. Everything else under srope is the lab around it, in
 # srope.lab (training, tasks, evaluation, report, theory, demo, the command line).
-LIBRARY = ("srope.ops", "srope.modules", "srope.layers", "srope.models", "srope.backend", "srope._lazy")
+LIBRARY = ("srope.ops", "srope.modules", "srope.layers", "srope.models", "srope.backend", "srope.registry", "srope._lazy")
 
 
 def _modules() -> dict[str, Path]:

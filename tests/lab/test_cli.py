@@ -149,19 +149,6 @@ def test_a_misspelt_name_is_refused_before_torch_is_imported(argv):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def test_the_clis_name_lists_equal_the_registries():
-    """The parser's standard-library copies of the preset and task names (kept so that a typo is
-    refused before torch loads) are the registries' names."""
-    from srope.lab.cli_args import MODEL_PRESETS
-    from srope.lab.tasks import cli as synth_cli
-    from srope.lab.tasks.runner import TASKS, preset_names
-    from srope.models import PRESETS
-
-    assert MODEL_PRESETS == tuple(PRESETS)
-    assert synth_cli.TASK_NAMES == tuple(TASKS)
-    assert {task: tuple(preset_names(task)) for task in TASKS} == synth_cli.PRESET_NAMES
-
-
 def test_a_bug_keeps_its_traceback(monkeypatch):
     """Only user errors become one line: anything else is srope's fault and must show where."""
     import srope.lab.cli as cli

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from srope.registry import mixers, positions
+
 ROOT = Path(__file__).resolve().parents[2]
-MIXERS = ("attention", "forgetting_attn", "gla", "gated_deltanet")
-POSITIONS = ("nope", "rope", "selective_rope")
+MIXERS, POSITIONS = tuple(mixers), tuple(positions)  # every registered host and encoding
 
 
 def check_compile(tmp_path, monkeypatch, *options: str, backend: str = "aot_eager") -> list[dict]:

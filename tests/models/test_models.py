@@ -13,14 +13,13 @@ from srope.models import PRESETS, SRopeConfig, SRopeForCausalLM, preset_config
 from srope.models.cache import CACHE_FIELD
 from srope.ops.layout import RowLayout
 from srope.ops.mixers import naive as mixers_naive
+from srope.registry import mixers, positions
 from tests.helpers import generator, rel_err
 
-MIXERS = ["gla", "gated_deltanet", "forgetting_attn", "attention"]
-POSITIONS = {
-    "nope": {"type": "nope"},
-    "rope": {"type": "rope", "theta": 10000.0},
-    "selective_rope": {"type": "selective_rope", "bias": True, "gate": "standard", "spectrum": "rope", "theta": 100.0},
-}
+# Every registered host and encoding (srope.registry), the encodings with these tests' options.
+OPTIONS = {"rope": {"theta": 10000.0}, "selective_rope": {"bias": True, "gate": "standard", "spectrum": "rope", "theta": 100.0}}
+MIXERS = list(mixers)
+POSITIONS = {name: {"type": name, **OPTIONS.get(name, {})} for name in positions}
 PAIRS = [(m, p) for m in MIXERS for p in POSITIONS]
 IDS = [f"{m}-{p}" for m, p in PAIRS]
 VOCAB = 61
@@ -239,7 +238,7 @@ def test_cache_only_where_useful_and_empty_input_rejected():
 
 BAD_CONFIGS = [
     (dict(mixer="mamba"), "mixer must be one of"),
-    (dict(position={"type": "alibi"}), r"position type must be one of"),
+    (dict(position={"type": "alibi"}), r"unknown position encoding type 'alibi'; expected one of \('nope', 'rope', 'selective_rope'\)"),
     (dict(position={"type": "selective_rope", "use_gate": True}), r"unknown option\(s\) \['use_gate'\]"),
     (dict(hidden_size=30, num_heads=4), "must be divisible by num_heads"),
     (dict(mixer="attention", hidden_size=30, num_heads=4), "must be divisible by num_heads"),

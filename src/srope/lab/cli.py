@@ -15,9 +15,9 @@ import os
 import sys
 
 from srope import __version__
-from srope.lab.cli_args import MODEL_PRESETS, OUT, _fraction, _positive_int, _seed_list
+from srope.lab.cli_args import OUT, _fraction, _positive_int, _seed_list
+from srope.registry import model_presets, positions
 
-POSITIONS = ("nope", "rope", "selective_rope")
 DEBUG_ENV = "SROPE_DEBUG"
 
 
@@ -70,16 +70,17 @@ def _models(args: argparse.Namespace) -> int:
 
     from srope.models import PRESETS, SRopeForCausalLM, preset_config
 
-    print(f"{'preset':<18} {'nope':>10} {'rope':>10} {'srope':>10}  context  batch     lr  description")
+    widths = {position: max(10, len(entry.label)) for position, entry in positions.items()}
+    print(f"{'preset':<18} " + " ".join(f"{positions[p].label:>{w}}" for p, w in widths.items()) + "  context  batch     lr  description")
     for name, preset in PRESETS.items():
         counts = []
-        for position in POSITIONS:
+        for position in widths:
             with torch.device("meta"):
                 model = SRopeForCausalLM(preset_config(name, position=position))
             counts.append(sum(p.numel() for p in model.parameters()))
         t = preset.training
         print(
-            f"{name:<18} " + " ".join(f"{c / 1e6:>9.1f}M" for c in counts)
+            f"{name:<18} " + " ".join(f"{c / 1e6:>{w - 1}.1f}M" for c, w in zip(counts, widths.values()))
             + f"  {t.context_length:>7} {t.global_batch_size:>6} {t.learning_rate:>6.0e}  {preset.description}"
         )
     return 0
@@ -181,8 +182,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_run_arguments(parser: argparse.ArgumentParser, *, what: str, sets: str = "(repeatable)") -> None:
     """What srope train and srope sweep-lr both take to describe a run."""
-    parser.add_argument("--preset", required=True, choices=MODEL_PRESETS, metavar="NAME", help=f"model preset: {', '.join(MODEL_PRESETS)} (see `srope models`)")
-    parser.add_argument("--position", default=None, choices=POSITIONS, help="nope | rope | selective_rope (default; options via --set position.KEY=VALUE)")
+    parser.add_argument("--preset", required=True, choices=model_presets, metavar="NAME", help=f"model preset: {', '.join(model_presets)} (see `srope models`)")
+    parser.add_argument("--position", default=None, choices=positions,
+                        help=f"{' | '.join(positions)} (default: selective_rope; options via --set position.KEY=VALUE)")
     parser.add_argument("--data", default=None, help="shakespeare (default) | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a prepared token store")
     parser.add_argument("--cache", default=None, help="data cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
     parser.add_argument("--tokenizer", default=None, help="mistral-v1 (the paper's; default) or a local Hugging Face tokenizer folder (not with a token store, which has its own)")

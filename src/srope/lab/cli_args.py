@@ -8,10 +8,6 @@ import argparse
 # Output of every command goes under ./out (git-ignored) unless --out says otherwise.
 OUT = "out"
 
-# srope.models.PRESETS' names (tests keep the two equal): srope train and srope sweep-lr refuse
-# a misspelt preset while parsing, before torch is imported.
-MODEL_PRESETS = ("gla-370m", "gla-1.3b", "gdn-400m", "fox-370m", "transformer-370m", "gla-tiny", "gdn-tiny", "fox-tiny", "transformer-tiny")
-
 
 def _seed_list(text: str) -> list[int]:
     """``"0-4"`` or ``"0,3,7-9"`` as a list of distinct seeds (argparse type)."""

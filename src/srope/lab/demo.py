@@ -51,9 +51,12 @@ from srope.ops.layout import RowLayout
 from srope.lab.tasks import state_tracking
 from srope.lab.tasks.common import rng_for
 from srope.lab.tasks.groups import get_group
+from srope.registry import positions
 
+# The encodings the demo compares (its experiment, with DemoConfig's options for two of them and
+# targets for each: not every registered encoding), named and labelled as in srope.registry.
 POSITIONS = ("nope", "rope", "selective_rope")
-LABELS = {"nope": "NoPE", "rope": "RoPE", "selective_rope": "Selective RoPE"}
+LABELS = {kind: positions[kind].label for kind in POSITIONS}
 DEVICES = ("cpu", "cuda")
 GROUP = "S2"  # parity
 RESULTS_FILE, PLOT_FILE = "results.json", "parity.png"

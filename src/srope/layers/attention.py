@@ -25,6 +25,15 @@ class Attention(MixerLayer):
         position: the position-encoding config.
     """
 
+    @classmethod
+    def from_config(cls, config) -> "Attention":
+        """The layer an :class:`srope.models.SRopeConfig` describes (its ``position`` included)."""
+        return cls(
+            hidden_size=config.hidden_size, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+            qkv_bias=config.qkv_bias, qk_norm=config.qk_norm, use_output_gate=config.use_output_gate, norm_eps=config.norm_eps,
+            position=config.position,
+        )
+
     def __init__(
         self,
         hidden_size: int = 1024,

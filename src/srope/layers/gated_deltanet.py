@@ -30,6 +30,15 @@ class GatedDeltaNet(MixerLayer):
         position: the position-encoding config.
     """
 
+    @classmethod
+    def from_config(cls, config) -> "GatedDeltaNet":
+        """The layer an :class:`srope.models.SRopeConfig` describes (its ``position`` included)."""
+        return cls(
+            hidden_size=config.hidden_size, num_heads=config.num_heads, head_dim=config.key_geometry()[2], expand_v=config.expand_v,
+            use_short_conv=config.use_short_conv, conv_size=config.conv_size, use_output_gate=config.use_output_gate,
+            use_forget_gate=config.use_forget_gate, allow_neg_eigval=config.allow_neg_eigval, norm_eps=config.norm_eps, position=config.position,
+        )
+
     def __init__(
         self,
         hidden_size: int = 1024,

@@ -28,6 +28,16 @@ class GatedLinearAttention(MixerLayer):
         position: the position-encoding config (``"nope"``, ``{"type": "rope", ...}``, ...).
     """
 
+    @classmethod
+    def from_config(cls, config) -> "GatedLinearAttention":
+        """The layer an :class:`srope.models.SRopeConfig` describes (its ``position`` included)."""
+        return cls(
+            hidden_size=config.hidden_size, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, expand_k=config.expand_k,
+            expand_v=config.expand_v, use_short_conv=config.use_short_conv, conv_size=config.conv_size, use_output_gate=config.use_output_gate,
+            gate_logit_normalizer=config.gate_logit_normalizer, gate_low_rank_dim=config.gate_low_rank_dim, norm_eps=config.norm_eps,
+            tie_decay_pairs=config.tie_decay_pairs, position=config.position,
+        )
+
     def __init__(
         self,
         hidden_size: int = 1024,

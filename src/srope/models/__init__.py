@@ -3,7 +3,7 @@ classes under ``model_type = "srope"``."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from srope.models.configuration import MIXERS, SRopeConfig
+from srope.models.configuration import SRopeConfig
 from srope.models.cache import SRopeCache
 from srope.models.modeling import SRopeForCausalLM, SRopeModel, causal_lm_loss
 from srope.models.presets import PRESETS, Preset, preset_config
@@ -12,4 +12,4 @@ AutoConfig.register(SRopeConfig.model_type, SRopeConfig, exist_ok=True)
 AutoModel.register(SRopeConfig, SRopeModel, exist_ok=True)
 AutoModelForCausalLM.register(SRopeConfig, SRopeForCausalLM, exist_ok=True)
 
-__all__ = ["MIXERS", "PRESETS", "Preset", "SRopeCache", "SRopeConfig", "SRopeForCausalLM", "SRopeModel", "causal_lm_loss", "preset_config"]
+__all__ = ["PRESETS", "Preset", "SRopeCache", "SRopeConfig", "SRopeForCausalLM", "SRopeModel", "causal_lm_loss", "preset_config"]

@@ -7,20 +7,9 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from srope.modules import POSITION_TYPES, NoPE, RoPE, SelectiveRoPE
+from srope.modules import SIZE_ARGUMENTS, position_class
 from srope.ops.checks import is_finite_number
-
-MIXERS = ("gla", "gated_deltanet", "forgetting_attn", "attention")
-_POSITION_CLASSES = {"nope": NoPE, "rope": RoPE, "selective_rope": SelectiveRoPE}
-_SIZE_ARGS = {"self", "hidden_size", "num_heads", "head_dim"}
-
-# Per-mixer defaults of the options whose natural value depends on the host (fla's layers).
-_MIXER_DEFAULTS = {
-    "gla": {"use_short_conv": False, "use_output_gate": True},
-    "gated_deltanet": {"use_short_conv": True, "use_output_gate": True},
-    "forgetting_attn": {"use_short_conv": False, "use_output_gate": False},
-    "attention": {"use_short_conv": False, "use_output_gate": False},
-}
+from srope.registry import mixers
 
 
 def _hf_config_keys() -> set[str]:
@@ -29,18 +18,11 @@ def _hf_config_keys() -> set[str]:
     return keys | {"name_or_path", "torch_dtype", "dtype", "auto_map", "_name_or_path", "_attn_implementation", "_commit_hash", "output_attentions", "use_return_dict", "model_type", "transformers_version", "architectures", "kwargs", "self"}
 
 
-def position_class(kind: Any) -> type:
-    """The module class of position type ``kind`` ("nope", "rope" or "selective_rope")."""
-    if kind not in POSITION_TYPES:
-        raise ValueError(f"position type must be one of {POSITION_TYPES}, got {kind!r}")
-    return _POSITION_CLASSES[kind]
-
-
 def check_position(position: Any) -> dict[str, Any]:
     """Normalise a position config to a dict and check its type and keys."""
     spec = {"type": "nope"} if position is None else {"type": position} if isinstance(position, str) else dict(position)
     kind = spec.get("type")
-    allowed = set(inspect.signature(position_class(kind).__init__).parameters) - _SIZE_ARGS
+    allowed = set(inspect.signature(position_class(kind).__init__).parameters) - {"self", *SIZE_ARGUMENTS}
     unknown = sorted(set(spec) - allowed - {"type"})
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for position type {kind!r}; allowed: {sorted(allowed)}")
@@ -51,9 +33,11 @@ class SRopeConfig(PretrainedConfig):
     """Configuration of an srope causal LM.
 
     Args:
-        mixer: ``"gla"``, ``"gated_deltanet"``, ``"forgetting_attn"`` or ``"attention"``.
-        position: ``{"type": "nope" | "rope" | "selective_rope", ...options}`` (the options of
-            :class:`srope.RoPE` / :class:`srope.SelectiveRoPE`), or just the type name.
+        mixer: a name in :data:`srope.registry.mixers`: ``"gla"``, ``"gated_deltanet"``,
+            ``"forgetting_attn"`` or ``"attention"``.
+        position: ``{"type": "nope" | "rope" | "selective_rope", ...options}`` (a name in
+            :data:`srope.registry.positions`; the options of :class:`srope.RoPE` /
+            :class:`srope.SelectiveRoPE`), or just the type name.
         hidden_size, num_hidden_layers, num_heads, num_kv_heads (GQA for gla/attention),
         vocab_size, tie_word_embeddings.
         expand_k, expand_v: GLA key/value widths (fractions of hidden); expand_v also sets
@@ -109,16 +93,16 @@ class SRopeConfig(PretrainedConfig):
         unknown = sorted(set(kwargs) - _hf_config_keys())
         if unknown:
             raise ValueError(f"unknown SRopeConfig option(s): {unknown}")
-        if mixer not in MIXERS:
-            raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}")
+        if not isinstance(mixer, str) or mixer not in mixers:
+            raise ValueError(f"mixer must be one of {tuple(mixers)}, got {mixer!r}")
         self.mixer = mixer
         self.position = check_position(position)
         self.vocab_size, self.hidden_size, self.num_hidden_layers = vocab_size, hidden_size, num_hidden_layers
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.expand_k, self.expand_v, self.head_dim = expand_k, expand_v, head_dim
-        defaults = _MIXER_DEFAULTS[mixer]
-        self.use_short_conv = defaults["use_short_conv"] if use_short_conv is None else use_short_conv
-        self.use_output_gate = defaults["use_output_gate"] if use_output_gate is None else use_output_gate
+        defaults = mixers[mixer].defaults
+        self.use_short_conv = defaults.get("use_short_conv", False) if use_short_conv is None else use_short_conv
+        self.use_output_gate = defaults.get("use_output_gate", False) if use_output_gate is None else use_output_gate
         self.conv_size = conv_size
         self.gate_logit_normalizer, self.gate_low_rank_dim = gate_logit_normalizer, gate_low_rank_dim
         self.tie_decay_pairs = tie_decay_pairs

@@ -1,11 +1,12 @@
 """One-token decoding replayed from a CUDA graph, which ``model.generate`` uses on CUDA.
 
-A cached decoding step of a recurrent host (GLA, Gated DeltaNet) reads and writes a state of
-fixed size, so the whole step -- embedding, every layer with its position encoding, the head
--- can be captured once and replayed: eagerly the step waits on Python for hundreds of
-launches, replayed it launches the same kernels with none in between. The captured step
-reads a static token and static state tensors and writes the new state back into them; the
-generating cache holds those static tensors, so each replay advances it in place.
+A cached decoding step of a recurrent host (GLA, Gated DeltaNet: ``recurrent`` in
+:data:`srope.registry.mixers`) reads and writes a state of fixed size, so the whole step --
+embedding, every layer with its position encoding, the head -- can be captured once and
+replayed: eagerly the step waits on Python for hundreds of launches, replayed it launches the
+same kernels with none in between. The captured step reads a static token and static state
+tensors and writes the new state back into them; the generating cache holds those static
+tensors, so each replay advances it in place.
 
 Used when: CUDA, no autograd, eval mode, one new token per row, a cache from a previous call
 (prefill) whose every layer has a fixed-size state, and no padding in the new column (the
@@ -21,8 +22,7 @@ import weakref
 import torch
 
 from srope.models.cache import CACHE_FIELD, SRopeCache
-
-RECURRENT_MIXERS = ("gla", "gated_deltanet")
+from srope.registry import mixers
 
 
 def _tensors(layers) -> list[torch.Tensor]:
@@ -76,7 +76,7 @@ class DecodeGraphs:
 
     def applies(self, input_ids, cache, *, attention_mask, inputs_embeds, labels, cu_seqlens, use_cache) -> bool:
         model = self.model
-        if not (getattr(model, "decode_graphs", True) and model.config.mixer in RECURRENT_MIXERS and not model.training):
+        if not (getattr(model, "decode_graphs", True) and mixers[model.config.mixer].recurrent and not model.training):
             return False
         if torch.is_grad_enabled() or inputs_embeds is not None or labels is not None or cu_seqlens is not None or use_cache is False:
             return False

@@ -15,7 +15,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from srope.layers import Attention, ForgettingAttention, GatedDeltaNet, GatedLinearAttention
+from srope.layers import GatedDeltaNet
 from srope.layers.common import RMSNorm
 from srope.models.cache import CACHE_FIELD, SRopeCache
 from srope.models.configuration import SRopeConfig
@@ -27,29 +27,12 @@ from srope.ops.loss import summed_cross_entropy
 from srope.ops.checks import check_cu_seqlens
 from srope.ops.fused import swiglu
 from srope.ops.layout import RowLayout
+from srope.registry import mixers
 
 
 def build_mixer(config: SRopeConfig) -> nn.Module:
-    """The host layer of ``config.mixer`` with ``config.position``."""
-    common = dict(hidden_size=config.hidden_size, num_heads=config.num_heads, position=config.position)
-    if config.mixer == "gla":
-        return GatedLinearAttention(
-            **common, num_kv_heads=config.num_kv_heads, expand_k=config.expand_k, expand_v=config.expand_v,
-            use_short_conv=config.use_short_conv, conv_size=config.conv_size, use_output_gate=config.use_output_gate,
-            gate_logit_normalizer=config.gate_logit_normalizer, gate_low_rank_dim=config.gate_low_rank_dim,
-            norm_eps=config.norm_eps, tie_decay_pairs=config.tie_decay_pairs,
-        )
-    if config.mixer == "gated_deltanet":
-        return GatedDeltaNet(
-            **common, head_dim=config.key_geometry()[2], expand_v=config.expand_v, use_short_conv=config.use_short_conv,
-            conv_size=config.conv_size, use_output_gate=config.use_output_gate, use_forget_gate=config.use_forget_gate,
-            allow_neg_eigval=config.allow_neg_eigval, norm_eps=config.norm_eps,
-        )
-    cls = ForgettingAttention if config.mixer == "forgetting_attn" else Attention
-    return cls(
-        **common, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim, qkv_bias=config.qkv_bias,
-        qk_norm=config.qk_norm, use_output_gate=config.use_output_gate, norm_eps=config.norm_eps,
-    )
+    """The host layer of ``config.mixer`` (:data:`srope.registry.mixers`) with ``config.position``."""
+    return mixers[config.mixer].cls().from_config(config)
 
 
 class SwiGLU(nn.Module):

@@ -16,7 +16,8 @@ from srope.lab.cli import srope_model_factory
 from srope.lab.tasks import mad, mqar
 from srope.lab.tasks.cli import add_synth_arguments, run_synth_command
 from srope.lab.tasks.common import parse_lengths
-from srope.lab.tasks.runner import TASKS, get_task, preset_names, presets_line, resolve_preset
+from srope.lab.tasks.registry import tasks
+from srope.lab.tasks.runner import get_task, preset_names, presets_line, resolve_preset
 
 # Tokens through the model in training: each preset stays far below its paper preset.
 TOKEN_BUDGET = 2_000_000
@@ -43,7 +44,7 @@ def training_tokens(task: str, cfg) -> int:
     return runs * sum(per_run)
 
 
-@pytest.mark.parametrize("task", list(TASKS))
+@pytest.mark.parametrize("task", list(tasks))
 def test_cpu_preset_resolves_and_is_small(task):
     cfg = resolve_preset(task, "cpu")
     settings = get_task(task).settings(cfg)
@@ -54,16 +55,16 @@ def test_cpu_preset_resolves_and_is_small(task):
         assert setting.max_len <= 128
         assert {**cfg.model, **setting.model}["hidden_size"] <= 64
     assert training_tokens(task, cfg) <= TOKEN_BUDGET
-    assert "cpu" in preset_names(task) and preset_names(task)[0] == get_task(task).DEFAULT_PRESET
+    assert "cpu" in preset_names(task) and preset_names(task)[0] == tasks[task].default_preset
     line = presets_line(task)
-    assert line.startswith(f"presets for {task}: {get_task(task).DEFAULT_PRESET} (default)") and "cpu" in line
+    assert line.startswith(f"presets for {task}: {tasks[task].default_preset} (default)") and "cpu" in line
     if task == "copying":
         assert max(parse_lengths(cfg.eval_lengths)) == 2 * cfg.max_len  # evaluated up to twice the training lengths
     if task == "state_tracking":
         assert cfg.group == "S2" and cfg.eval_len == 2 * cfg.train_len
 
 
-@pytest.mark.parametrize("task", list(TASKS))
+@pytest.mark.parametrize("task", list(tasks))
 def test_cpu_preset_dry_run(task, capsys):
     assert run_synth_command(_parse([task, "--preset", "cpu", "--dry-run"]), srope_model_factory) == 0
     printed = capsys.readouterr().out
@@ -76,7 +77,7 @@ def test_cpu_preset_dry_run(task, capsys):
 
 
 def test_other_presets_keep_torch_threads_and_threads_is_checked():
-    for task in TASKS:
+    for task in tasks:
         for name in preset_names(task):
             assert resolve_preset(task, name).threads == (1 if name == "cpu" else 0)
     with pytest.raises(ValueError, match="threads"):

@@ -32,15 +32,23 @@ from pathlib import Path
 from typing import Any
 
 from srope.lab.report import paper
+from srope.lab.tasks.registry import tasks
+from srope.lab.tasks.release import zoology_batch_size
+from srope.registry import positions
 
-SYNTH_TASKS = ("mqar", "mad", "copying", "state_tracking")
 OUR_RECIPE = "our recipe"  # how a protocol group that is not the paper's protocol says so (srope demo's)
 SKIP_DIRS = {"checkpoints", "tensorboard", "model", "__pycache__", "node_modules", "site-packages"}  # and every hidden folder
 # The walk's bounds: folders this deep below a given one (results sit 1-5 deep: out/sweep/RUN/lr_X/run.json)
 # and trees that never hold results (a given folder that is one of them is refused).
 MAX_DEPTH = 8
 SYSTEM_DIRS = {Path(p) for p in ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/snap", "/sys", "/usr", "/var")}
-LABELS = {"nope": "NoPE", "rope": "RoPE", "selective_rope": "Selective RoPE"}
+
+
+def label_of(kind: Any, default: Any = None) -> Any:
+    """A position encoding's label in reports (:data:`srope.registry.positions`), else ``default``."""
+    return positions[kind].label if isinstance(kind, str) and kind in positions else default
+
+
 # srope.modules.SelectiveRoPE's defaults for the options the LM ablation (Table 2) varies;
 # tests/lab/report checks them against the module's signature.
 SELECTIVE_ROPE_DEFAULTS = {"conv_activation": "silu", "gate": "standard", "bias": False}
@@ -203,7 +211,7 @@ def _kind(path: Path, data: Any) -> str | None:
     if not isinstance(data, dict):
         return None
     task = data.get("task")
-    if path.name == "results.json" and task in SYNTH_TASKS and isinstance(data.get("runs"), list):
+    if path.name == "results.json" and isinstance(task, str) and task in tasks and isinstance(data.get("runs"), list):
         return "synth"
     if task == "parity" and isinstance(data.get("results"), dict) and "config" in data:
         return "demo"
@@ -251,7 +259,7 @@ def collect(dirs: list[Path | str]) -> Collected:
 def paper_variant(position_type: str, options: dict, *, with_options: bool) -> str | None:
     """The paper's row name for a position encoding; MAD's Table 1 separates the Selective
     RoPE variants by phase gate and bias (``with_options``), the figures do not."""
-    base = LABELS.get(position_type)
+    base = label_of(position_type)
     if position_type != "selective_rope" or not with_options:
         return base
     gate, bias = bool(options.get("gate")), bool(options.get("bias"))
@@ -269,10 +277,6 @@ def _synth_experiment(task: str, cfg: dict) -> str:
     return task if mixer == "gla" else f"{task}/other/{mixer}"
 
 
-def _zoology_batch(seq_len: int) -> int:  # srope.lab.tasks.mqar.zoology_batch_size (not imported: it pulls in torch)
-    return 64 if seq_len >= 1024 else 128 if seq_len >= 512 else 256 if seq_len >= 256 else 512
-
-
 ST_PRESET_EVAL_SIZE = 500_000  # the state-tracking presets' evaluation set (srope.lab.tasks.state_tracking)
 
 
@@ -282,7 +286,7 @@ def _run_examples(task: str, cfg: dict, setting: dict, run: dict) -> float | Non
     steps = run.get("steps") if run.get("stopped") == "time" else run.get("planned_steps")
     if steps is None:
         return None
-    batch = cfg.get("batch_size") or (_zoology_batch(int(setting.get("params", {}).get("seq_len", setting.get("max_len", 0)))) if task == "mqar" else None)
+    batch = cfg.get("batch_size") or (zoology_batch_size(int(setting.get("params", {}).get("seq_len", setting.get("max_len", 0)))) if task == "mqar" else None)
     return float(steps * batch) if batch else None
 
 
@@ -303,7 +307,7 @@ def _synth_fields(task: str, cfg: dict, settings: list[str], points: int) -> dic
                 "longest train string": cfg.get("max_len"), "longest eval string": _max_length(cfg.get("eval_lengths"))}
     if task == "mqar":
         return {"layers": model.get("num_hidden_layers"), "vocab": cfg.get("vocab"), "train set": cfg.get("train_examples"), "epochs": cfg.get("epochs"),
-                "batch": cfg.get("batch_size") or _zoology_batch(512), "lr points": points}
+                "batch": cfg.get("batch_size") or zoology_batch_size(512), "lr points": points}
     if task == "state_tracking":
         lrs = cfg.get("lrs") or []
         return {**common, "train set": cfg.get("train_size"), "epochs": cfg.get("epochs"), "batch": cfg.get("batch_size"),
@@ -485,8 +489,8 @@ def demo_runs(files: list[tuple[Path, dict]]) -> list[Run]:
             options = cfg.get(kind, {}) if kind in ("rope", "selective_rope") else {}
             curve = result.get("curve") or {}
             runs.append(Run(
-                experiment=experiment, group_key=_key(["demo", cfg]), group=description, variant_key=_key([kind, options]), label=f"demo {LABELS.get(kind, kind)}",
-                paper_row=LABELS.get(kind), seed=data.get("seed"),
+                experiment=experiment, group_key=_key(["demo", cfg]), group=description, variant_key=_key([kind, options]), label=f"demo {label_of(kind, kind)}",
+                paper_row=label_of(kind), seed=data.get("seed"),
                 metrics={"seq_acc_at_train_len": result["seq_acc"]["train"], "score": result["seq_acc"]["eval"]},
                 curves={"seq_acc_by_length": (curve.get("length", []), curve.get("seq_acc", []))} if curve else {},
                 budget=float(tokens) if tokens else None, fields=fields, provenance=read_provenance(data), sources=[path],
@@ -577,7 +581,7 @@ def lm_variant(position: Any, model_overrides: dict) -> tuple[str, str | None, s
     else:
         kind, options = str(position), {}
     extra = {k: v for k, v in model_overrides.items() if k not in SIZE_KEYS}
-    label = LABELS.get(kind, kind)
+    label = label_of(kind, kind)
     table3 = table2 = None
     if kind == "selective_rope":
         merged = {**SELECTIVE_ROPE_DEFAULTS, **{k: v for k, v in options.items() if k in SELECTIVE_ROPE_DEFAULTS}}
@@ -591,7 +595,7 @@ def lm_variant(position: Any, model_overrides: dict) -> tuple[str, str | None, s
             label += " [" + ", ".join(f"{k}={v}" for k, v in sorted(others.items())) + "]"
             table2 = table3 = None
     elif kind in ("nope", "rope"):
-        table3 = table2 = LABELS[kind]
+        table3 = table2 = label_of(kind)
         if options:
             label += " [" + ", ".join(f"{k}={v}" for k, v in sorted(options.items())) + "]"
             table3 = table2 = None

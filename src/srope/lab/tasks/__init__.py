@@ -1,8 +1,9 @@
 """The paper's synthetic tasks: generators, metrics, presets and one runner.
 
-Tasks (one module each): ``mqar`` (Zoology's multi-query associative recall), ``mad`` (the
-six MAD tasks and their 66 settings), ``copying`` (string copying with length
-extrapolation) and ``state_tracking`` (group word problems: S2 parity, A3, S3, S5).
+Tasks (one module each, registered by name in :mod:`srope.lab.tasks.registry`): ``mqar``
+(Zoology's multi-query associative recall), ``mad`` (the six MAD tasks and their 66 settings),
+``copying`` (string copying with length extrapolation) and ``state_tracking`` (group word
+problems: S2 parity, A3, S3, S5).
 
 ``run_synthetic(task, model_factory, out=..., overrides=...)`` trains and evaluates one model
 configuration with the task's protocol; ``report(dirs)`` compares result folders.
@@ -13,7 +14,7 @@ from srope._lazy import lazy_exports
 
 _EXPORTS = {
     **{name: "srope.lab.tasks.common" for name in ("ModelRequest", "default_cache_dir", "parse_lengths")},
-    **{name: "srope.lab.tasks.runner" for name in ("TASKS", "get_task", "report", "resolve_preset", "run_synthetic")},
+    **{name: "srope.lab.tasks.runner" for name in ("get_task", "report", "resolve_preset", "run_synthetic")},
 }
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 

@@ -22,24 +22,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-TASK_NAMES = ("mqar", "mad", "copying", "state_tracking")  # srope.lab.tasks.runner.TASKS (not imported here: keeps `srope --help` fast)
-# Each task's preset names, its default first (runner.preset_names; tests keep the two equal):
-# a misspelt task or preset is refused before torch is imported, at once.
-PRESET_NAMES = {
-    "mqar": ("release", "zoology", "paper", "cpu"),
-    "mad": ("paper", "cpu"),
-    "copying": ("release", "authors", "paper", "cpu"),
-    "state_tracking": ("release", "release_attention", "authors", "paper", "paper_a3", "cpu"),
-}
-POSITIONS = ("nope", "rope", "selective_rope")
+from srope.lab.tasks.registry import check_task, tasks
+from srope.registry import mixers, positions
 
 
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("task", help=f"one of: {', '.join(TASK_NAMES)}; or 'report' to tabulate result folders")
+    parser.add_argument("task", help=f"one of: {', '.join(tasks)}; or 'report' to tabulate result folders")
     parser.add_argument("dirs", nargs="*", help="(report) result folders to compare")
     parser.add_argument("--preset", default=None, help="task preset: cpu (small, under a minute on 2 cores), paper, and the task's own (mqar: zoology; copying, state_tracking: authors; state_tracking also paper_a3); --dry-run lists them")
-    parser.add_argument("--mixer", default=None, help="token mixer (gla, gated_deltanet, forgetting_attn, attention); default: the preset's")
-    parser.add_argument("--position", default=None, choices=POSITIONS, help="position encoding; default: the preset's (selective_rope)")
+    parser.add_argument("--mixer", default=None, help=f"token mixer ({', '.join(mixers)}); default: the preset's")
+    parser.add_argument("--position", default=None, choices=positions, help="position encoding; default: the preset's (selective_rope)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a preset entry (repeatable)")
     parser.add_argument("--out", default=None, help="result folder (a task run) or markdown file (report; default: print)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
@@ -75,19 +67,10 @@ def synth_overrides(args: argparse.Namespace) -> dict[str, str]:
     return overrides
 
 
-def check_names(task: str, preset: str | None) -> None:
-    """The errors :func:`srope.lab.tasks.runner.resolve_preset` would raise for an unknown task
-    or preset, from the names alone (no torch)."""
-    if task not in TASK_NAMES:
-        raise ValueError(f"unknown synthetic task {task!r}; choose one of {', '.join(TASK_NAMES)}")
-    if preset is not None and preset not in PRESET_NAMES[task]:
-        raise ValueError(f"unknown preset {preset!r} for {task}; choose one of {', '.join(PRESET_NAMES[task])}")
-
-
 def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     """Handle parsed ``srope synth`` arguments; ``model_factory(request) -> nn.Module``."""
     if args.task != "report":
-        check_names(args.task, args.preset)
+        check_task(args.task, args.preset)  # a misspelt name is refused before torch loads
     from srope.lab.tasks.runner import get_task, presets_line, report, resolve_preset, run_synthetic
 
     if args.task == "report":

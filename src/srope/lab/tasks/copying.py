@@ -107,8 +107,8 @@ CPU = CopyingPreset(
 # its evaluation lengths (``range(2, 512)``).
 # Its four arms: the plain encoding, ``--set position.bias=true``, ``--set position.gate=standard``
 # (one gate per head, the release's default parametrisation), and both.
+# Their names are registered in srope.lab.tasks.registry, the default (`srope synth` without --preset) first.
 PRESETS = {"release": CopyingPreset(init="release", eval_lengths="2-511"), "authors": CopyingPreset(), "paper": CopyingPreset(lrs=(5e-5,), seeds=(42,)), "cpu": CPU}
-DEFAULT_PRESET = "release"
 RELEASE_PRESETS = ("release",)
 # The released sweep's axes (gate x bias, seeds); the learning rate of its grid comment or Table 7.
 RELEASE_VARIES = {"position.selective_rope.gate": (None, "standard"), "position.selective_rope.bias": (True, False), "seeds": None,

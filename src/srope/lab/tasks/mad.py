@@ -151,8 +151,8 @@ CPU = MADPreset(
            "gate_logit_normalizer": 16, "gate_low_rank_dim": 16},
 )
 
+# Their names are registered in srope.lab.tasks.registry, the default (`srope synth` without --preset) first.
 PRESETS = {"paper": MADPreset(), "cpu": CPU}
-DEFAULT_PRESET = "paper"
 
 
 # ---------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from srope.lab.tasks.common import (
     rng_for,
     small_int,
 )
+from srope.lab.tasks.release import zoology_batch_size
 
 NAME = "mqar"
 # Every example has kv_pairs targets among seq_len positions, so the head at the targets only
@@ -113,8 +114,8 @@ RELEASE = MQARPreset(
     model={"layers": ["base_conv", "gla"], "num_hidden_layers": 2, "num_heads": 2, "use_short_conv": False},
 )
 
+# Their names are registered in srope.lab.tasks.registry, the default (`srope synth` without --preset) first.
 PRESETS = {"release": RELEASE, "zoology": MQARPreset(), "paper": MQARPreset(lrs=tuple(float(v) for v in np.logspace(-4, -2, 8))), "cpu": CPU}
-DEFAULT_PRESET = "release"
 RELEASE_PRESETS = ("release",)
 # Figure 2 sweeps these; one run may take any of its points (and any seed).
 RELEASE_VARIES = {"configs": ("64x4", "128x8", "256x16", "512x64"), "d_models": (64, 128, 256, 512), "lrs": ZOOLOGY_LRS, "seeds": None, "position_type": None}
@@ -127,10 +128,6 @@ def parse_config(text: str) -> tuple[int, int]:
     except ValueError:
         raise ValueError(f"MQAR configs look like SEQxKV (e.g. 512x64), got {text!r}") from None
     return seq_len, kv_pairs
-
-
-def zoology_batch_size(seq_len: int) -> int:
-    return 64 if seq_len >= 1024 else 128 if seq_len >= 512 else 256 if seq_len >= 256 else 512
 
 
 def power_law(space: int, power_a: float) -> np.ndarray:

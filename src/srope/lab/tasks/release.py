@@ -19,6 +19,12 @@ NOT_PROTOCOL = frozenset({
 })
 
 
+def zoology_batch_size(seq_len: int) -> int:
+    """Zoology's batch size by sequence length (its Figure-2 configs; MQAR's ``batch_size=0``).
+    Here, not in :mod:`srope.lab.tasks.mqar`, so that the report reads it without torch."""
+    return 64 if seq_len >= 1024 else 128 if seq_len >= 512 else 256 if seq_len >= 256 else 512
+
+
 def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out = {}
     for key, value in values.items():

@@ -135,6 +135,13 @@ def _mqar(results_list: list[dict]) -> str:
     return _table(["model", "seq × KV", *[f"d={int(d)}" for d in dims]], rows)
 
 
+def _scores(results_list: list[dict]) -> str:
+    """A registered task without a table of its own: each setting's score."""
+    rows = [[res["label"] + _status(res), name, _pct(*_seeds_spread(entry, "score")), f"{entry['lr']:g}", str(len(entry["seeds"]))]
+            for res in results_list for name, entry in res.get("summary", {}).items()]
+    return _table(["model", "setting", "score", "lr", "seeds"], rows)
+
+
 def _mad(results_list: list[dict]) -> str:
     rows = []
     for res in results_list:
@@ -162,7 +169,7 @@ def report(dirs: Iterable[Path | str]) -> str:
     titles = {"state_tracking": "State tracking (sequence accuracy, %)", "copying": "Copying (teacher-forced, %)",
               "mqar": "MQAR (accuracy on query positions, %, best lr)", "mad": "MAD (score, %: best over the optimiser grid per setting, mean per task)"}
     for task, results_list in by_task.items():
-        parts.append(f"### {titles.get(task, task)}\n\n{builders[task](results_list)}")
+        parts.append(f"### {titles.get(task, task)}\n\n{builders.get(task, _scores)(results_list)}")
         if task in NO_PAPER_NUMBERS:
             parts.append(NO_PAPER_NUMBERS[task])
         elif task == "mad":

@@ -59,17 +59,17 @@ from srope.lab.graphed import graphed_optimizer_step
 from srope.lab.loop import optimizer_step, train_steps
 from srope.lab.schedule import task_schedule
 from srope.lab.train.optim import adamw
-from srope.lab.tasks import copying, mad, mqar, numerics, release, state_tracking
+from srope.lab.tasks import numerics, release
 from srope.lab.config import apply_overrides
 from srope.lab.tasks.numerics import autocast
 from srope.lab.tasks.common import IGNORE, ModelRequest, Prepared, Setting, default_cache_dir, rng_for
 from srope.lab.tasks.parallel import LocalControl
+from srope.lab.tasks.registry import check_task
 from srope.lab.tasks.summary import summarize
 from srope.lab.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, remove_unfinished, save_checkpoint, usable_checkpoint
 from srope.lab.train.distributed import World
 from srope.lab.train.run_folder import RunFolder
 
-TASKS = {"mqar": mqar, "mad": mad, "copying": copying, "state_tracking": state_tracking}
 ModelFactory = Callable[[ModelRequest], nn.Module]
 RESULTS_FILE, PLOT_FILE, RUNS_DIR, WEIGHTS_FILE = "results.json", "results.png", "runs", "model.safetensors"
 LOSS_PLOT_FILE = "loss.png"
@@ -93,15 +93,13 @@ EVAL_LOGITS = 1 << 28
 
 
 def get_task(name: str):
-    if name not in TASKS:
-        raise ValueError(f"unknown synthetic task {name!r}; choose one of {', '.join(TASKS)}")
-    return TASKS[name]
+    """The module of synthetic task ``name`` (:data:`srope.lab.tasks.registry.tasks`)."""
+    return check_task(name).load()
 
 
 def preset_names(task: str) -> list[str]:
     """The task's preset names, its default first."""
-    module = get_task(task)
-    return [module.DEFAULT_PRESET, *(name for name in module.PRESETS if name != module.DEFAULT_PRESET)]
+    return list(check_task(task).presets)
 
 
 def presets_line(task: str) -> str:
@@ -112,10 +110,8 @@ def presets_line(task: str) -> str:
 
 def resolve_preset(task: str, preset: str | None = None, overrides: dict[str, Any] | None = None):
     """The task's preset (``None``: its default) with ``overrides`` applied and checked."""
-    module = get_task(task)
-    name = module.DEFAULT_PRESET if preset is None else preset
-    if name not in module.PRESETS:
-        raise ValueError(f"unknown preset {name!r} for {task}; choose one of {', '.join(preset_names(task))}")
+    entry = check_task(task, preset)
+    module, name = entry.load(), entry.default_preset if preset is None else preset
     cfg = apply_overrides(module.PRESETS[name], overrides)
     module.check(cfg)
     if getattr(cfg, "threads", 0) < 0:
@@ -156,7 +152,7 @@ def head_at_targets(cfg, task: str, model: nn.Module, device: torch.device) -> b
         raise ValueError(f"head_at_targets needs a model with .model (its body, returning last_hidden_state) and .lm_head, as SRopeForCausalLM; "
                          f"got {type(model).__name__}")  # fmt: skip
     if cfg.head_at_targets == "auto":
-        return has_head and device.type == "cuda" and getattr(TASKS[task], "FEW_TARGETS", False)
+        return has_head and device.type == "cuda" and getattr(get_task(task), "FEW_TARGETS", False)
     return cfg.head_at_targets == "on"
 
 
@@ -479,8 +475,8 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
     from srope.lab.tasks import autotune as autotuning
 
     autotune = autotuning.apply(autotune)
-    module = get_task(task)
-    preset_name = module.DEFAULT_PRESET if preset is None else preset
+    entry = check_task(task, preset)
+    module, preset_name = entry.load(), entry.default_preset if preset is None else preset
     cfg = resolve_preset(task, preset_name, overrides)
     for name, value in (("jobs", jobs), ("stop_after_steps", stop_after_steps)):
         if (value is not None or name == "jobs") and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -114,6 +114,7 @@ CPU = StateTrackingPreset(
 # ``authors`` has, plus the release's initialisation (N(0, 0.02) for every linear map and conv),
 # its pure-bf16 weights and its 9-entry vocabulary. The set sizes are not released (ours).
 _RELEASE = dict(init="release", precision="bf16", unused_tokens=5)
+# Their names are registered in srope.lab.tasks.registry, the default (`srope synth` without --preset) first.
 PRESETS = {
     "release": StateTrackingPreset(**_RELEASE),
     "release_attention": StateTrackingPreset(
@@ -127,7 +128,6 @@ PRESETS = {
     ),
     "cpu": CPU,
 }
-DEFAULT_PRESET = "release"
 RELEASE_PRESETS = ("release", "release_attention")
 # The released sweep's axes: the encoding, the seeds, the learning rates of its grid comment.
 RELEASE_VARIES = {"position_type": None, "seeds": None, "lrs": (1e-2, 1e-3, 5e-4, 1e-4)}

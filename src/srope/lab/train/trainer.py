@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from srope.lab import provenance
 from srope.models import PRESETS, SRopeForCausalLM, preset_config
-from srope.models.configuration import position_class
+from srope.modules import position_class
 from srope.lab.config import RunConfig
 from srope.lab.overrides import coerce, parse_literal
 from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, remove_unfinished, save_checkpoint, usable_checkpoint
