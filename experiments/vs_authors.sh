@@ -22,7 +22,9 @@ wait
 rm -rf "$V"/ours-*/  # run folders: their results are in the per-run JSON
 python3 experiments/vs_authors.py report "$V" > "$R/vs-report.log" 2>&1
 tail -n 40 "$R"/vs-*.log
-tar czf "$R/vs.tgz" -C "$R" vs && rm -rf "$V"  # at most 8 files come back from a call
+# At most 8 files of 16 MiB come back from a call: the results and the figure in one archive.
+du -sh "$V"/* | sort -h | tail -n 5
+(cd "$R" && tar czf vs.tgz vs/*.json vs/*.png) && rm -rf "$V"
 tar czf "$R/triton-cache.tgz" -C "$TRITON_CACHE_DIR" .
 if [ "$(stat -c %s "$R/triton-cache.tgz")" -gt 15000000 ]; then
   (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar czf "$R/triton-cache.tgz" --null -T -)
