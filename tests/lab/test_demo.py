@@ -362,9 +362,14 @@ def test_parity_angles_of_a_trainable_model_warn_nothing():
 
     model = demo.build_model(demo.CPU, "selective_rope", seed=3)
     assert any(p.requires_grad for p in model.parameters())
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert demo.parity_angles(model, eval_len=512) is not None
+    once = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)  # torch warns once per process: an earlier test may have used it up
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert demo.parity_angles(model, eval_len=512) is not None
+    finally:
+        torch.set_warn_always(once)
 
 
 def test_progress_bars_count_each_models_steps_and_label_the_loss(tmp_path, capsys):
