@@ -85,3 +85,14 @@ def test_the_loss_plot_gives_each_of_many_runs_its_own_colour(tmp_path, monkeypa
             for seed in range(12)]
     path = task_report.plot_loss_curves({"task": "state_tracking", "label": "S2", "runs": runs}, tmp_path / "loss.png")
     assert path.is_file() and len(colours) == 12 and len(set(colours)) == 12
+
+
+@pytest.mark.parametrize("text", ["a log line\n", "[1, 2]", "{\"runs\": []}"])
+def test_a_file_that_is_not_a_synth_result_is_a_one_line_error_naming_it(tmp_path, capsys, text):
+    from srope.lab.cli import main
+
+    stray = tmp_path / "run.log"
+    stray.write_text(text)
+    assert main(["synth", "report", str(stray)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(stray) in err and "not a srope synth result" in err, err

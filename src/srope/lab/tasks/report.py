@@ -44,7 +44,12 @@ def load_results(path: Path | str) -> dict:
     file = path / RESULTS_FILE if path.is_dir() else path
     if not file.exists():
         raise ValueError(f"no {RESULTS_FILE} in {path}")
-    results = json.loads(file.read_text())
+    try:
+        results = json.loads(file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{file}: not a srope synth result ({error}); give a result folder or its {RESULTS_FILE}") from None
+    if not isinstance(results, dict) or "task" not in results:
+        raise ValueError(f"{file}: not a srope synth result (no 'task'); give a result folder or its {RESULTS_FILE}")
     if "summary" not in results and results.get("runs"):
         results["summary"] = summarize(results["runs"])
         if results["task"] == "mad":
