@@ -91,10 +91,7 @@ class CopyingPreset(TaskConfig):
 # the authors' protocol, model options and position options at a smaller scale (2 layers of
 # width 64, 4 heads; 40-character training contexts; 450 steps of batch 40), evaluated at
 # lengths 2-16, i.e. up to twice the longest training string. It does not reproduce the
-# paper's effect. As measured on its seed (0), string accuracy at lengths 2-8 / 9-16 and
-# character accuracy at 9-16: Selective RoPE 0.746 / 0.007 / 0.541, NoPE 0.908 / 0.039 /
-# 0.657, RoPE 0.979 / 0.000 / 0.209 (35-45 s each): all three copy the training lengths,
-# none copies whole strings beyond them, and only RoPE's characters fall apart there.
+# paper's effect (what it gives: docs/reports/*-cpu-presets.md).
 CPU = CopyingPreset(
     context_len=40, min_len=2, max_len=8, steps=450, batch_size=40, eval_lengths="2-16", eval_examples=200, eval_batch_size=200, seeds=(0,),
     threads=1,

@@ -140,10 +140,9 @@ class MADPreset(TaskConfig):
 # minute per position encoding on a 2-core CPU: 1,600 of its 12,800 training examples, 256
 # test examples, 4 epochs in batches of 32, one point of MAD's optimiser grid (lr 1e-3, no
 # weight decay), MAD's model at width 64 with 4 heads. The GLA gets its short conv (MAD's has
-# none): without it NoPE and Selective RoPE were both near 0.30 when the minute was up. It
-# does not reproduce the paper's effect (a few points across 11 settings of the task): as
-# measured on its seed (12345), accuracy Selective RoPE 0.999, NoPE 0.998, RoPE 0.999
-# (39-48 s each): with the conv, every encoding solves the baseline.
+# none), without which the baseline is not learnt within the minute. It does not reproduce
+# the paper's effect, a few points across 11 settings of the task (what it gives:
+# docs/reports/*-cpu-presets.md).
 CPU = MADPreset(
     tasks=("in-context-recall",), only=("in-context-recall/baseline",), num_test_examples=256, max_train_examples=1_600, lrs=(1e-3,),
     weight_decays=(0.0,), batch_size=32, epochs=4, threads=1,

@@ -94,11 +94,10 @@ class MQARPreset(TaskConfig):
 # ``cpu``: Zoology's smallest configuration (64 tokens, 4 key-value pairs) at width 64 in under
 # a minute per position encoding on a 2-core CPU: vocabulary 128 (the smallest above the
 # length), 3,600 training examples for 4 epochs in batches of 32 (452 steps), one of
-# Zoology's learning rates. The GLA gets its short conv (Zoology's GLA has a BaseConv beside
-# it; the ``zoology`` preset has neither): recall forms only after a plateau, and in trial
-# runs of this length without the conv most encodings stayed at chance (1/64). It does not reproduce the paper's effect: as measured on its
-# seed (123), query accuracy Selective RoPE 0.240, NoPE 0.293, RoPE 0.225 (39-43 s each):
-# far above chance, still rising, and no ordering of the encodings to read into.
+# Zoology's learning rates. The GLA gets its short conv (Zoology's model puts a BaseConv layer
+# before its GLA layer; the ``zoology`` preset has neither): recall forms only after a
+# plateau, which the conv shortens. It does not reproduce the paper's effect (what it gives:
+# docs/reports/*-cpu-presets.md).
 CPU = MQARPreset(
     vocab=128, configs=("64x4",), d_models=(64,), train_examples=3_600, test_examples=500, lrs=(ZOOLOGY_LRS[2],), batch_size=32, epochs=4,
     threads=1, model={"num_hidden_layers": 2, "num_heads": 2, "use_short_conv": True},

@@ -90,13 +90,7 @@ class StateTrackingPreset(TaskConfig):
 # encoding on a 2-core CPU (600 steps of batch 128 over 12,800 distinct sequences). The model
 # and the Selective RoPE options are the CPU recipe of ``srope demo`` (srope/lab/demo.py says why
 # each one is there); the demo's length curriculum, weight average and encoding-specific
-# weight decay are not part of this protocol. As measured on its seed (0): sequence accuracy
-# at 16 / at 32 (best epoch, the protocol's selection) Selective RoPE 1.000 / 0.307, NoPE
-# 0.869 / 0.082, RoPE 0.006 / 0.000, 40-48 s each. So Selective RoPE learns parity and RoPE
-# does not; NoPE gets most of the way at the training length and falls off beyond it.
-# Extrapolation is partial and noisy: Selective RoPE's accuracy at 32 moved between 0.05 and
-# 0.31 from epoch to epoch, while the paper's model (128 -> 512) extrapolates fully; on a CPU
-# that takes `srope demo`'s recipe and about 3 minutes.
+# weight decay are not part of this protocol. What it gives: docs/reports/*-cpu-presets.md.
 _CPU_SELECTIVE_ROPE = {
     "projection": "full-rank", "conv_size": 1, "conv_activation": None, "bias": True, "gate": "per-channel",
     "spectrum": "uniform", "max_temperature": math.pi, "phase_noise": 0.1, "projection_gain": 8.0,
