@@ -28,6 +28,9 @@
 #   synth       the synthetic protocols' training steps (benchmarks/profile_synth.py, PROFILE_ONLY:
 #               configurations, default MQAR 512x64 at d 64 and 512): eager, as a CUDA graph,
 #               with the head at the targets only; autotuning as the mqar runs (first candidate)
+#   stalls      benchmarks/profile_stalls.py: every Triton compile and autotune and torch.compile
+#               compile of a user command (STALLS_COMMAND, default `demo --device cuda`) with its
+#               time, beside the GPU's busy fraction
 set -u
 source benchmarks/device-env.sh
 run() { local limit=$1; shift; echo "== $(date +%T) $*"; timeout -s INT -k 20 "$limit" "$@" 2>&1 | tail -n 30; echo "exit ${PIPESTATUS[0]}"; }
@@ -52,6 +55,7 @@ for stage in "$@"; do
     model) run "${MODEL_LIMIT:-300}" python3 benchmarks/bench_model.py --out "$R/model.json" ${MODEL_ARGS:-} ;;
     scaling) run "${SCALING_LIMIT:-560}" python3 benchmarks/bench_scaling.py --data .data/shakespeare --out "$R/scaling.json" ${SCALING_ARGS:-} ;;
     train) run "${TRAIN_LIMIT:-420}" python3 benchmarks/bench_train.py --data .data/shakespeare --out "$R/train.json" ${TRAIN_ARGS:-} ;;
+    stalls) run "${STALLS_LIMIT:-300}" python3 benchmarks/profile_stalls.py --out "$R/stalls.json" -- srope ${STALLS_COMMAND:-demo --device cuda} ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
