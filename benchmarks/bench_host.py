@@ -20,20 +20,18 @@ import pstats
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, position_configs, write_json  # noqa: E402
+from common import environment, position_configs, write_json
 
-from srope.layers import GatedLinearAttention  # noqa: E402
-from srope.ops import rope, selective_rope  # noqa: E402
-from srope.ops._triton import await_predecessor  # noqa: E402
-from srope.ops.layout import RowLayout  # noqa: E402
-from srope.ops.rotary import naive as reference  # noqa: E402
+from srope.layers import GatedLinearAttention
+from srope.ops import rope, selective_rope
+from srope.ops._triton import await_predecessor
+from srope.ops.layout import RowLayout
+from srope.ops.rotary import naive as reference
 
 
 @triton.jit

@@ -44,10 +44,6 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(1, str(ROOT / "benchmarks"))
-
 from common import HBM_BYTES_PER_S, environment, graph_ms, write_json
 
 from srope.modules import RoPE, SelectiveRoPE

@@ -13,11 +13,15 @@ import tempfile
 import time
 from pathlib import Path
 
+try:  # every script imports this module before srope: one line that says what to do
+    import srope  # noqa: F401
+except ModuleNotFoundError as missing:
+    if missing.name != "srope":
+        raise
+    raise SystemExit(f"{Path(sys.argv[0]).name}: srope is not importable: install srope (pip install -e .) or set PYTHONPATH=src") from None
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "src") not in sys.path:
-    sys.path.insert(0, str(ROOT / "src"))
 
 HBM_BYTES_PER_S = 4.25e12  # the H200's measured device-to-device copy rate (GUIDE §5)
 

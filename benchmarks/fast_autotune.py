@@ -3,14 +3,19 @@ checks on a fresh GPU machine (fla's first autotune of a new shape costs minutes
 config computes the same result). Never use it for timings.
 
     python benchmarks/fast_autotune.py benchmarks/check_cuda.py --data STORE --out ...
+    python benchmarks/fast_autotune.py -m pytest ...
+
+srope must be importable (installed, or PYTHONPATH=src as benchmarks/device-env.sh sets). The
+script runs in this process with this process's sys.path, whose first entry Python made this
+file's folder, benchmarks/: a benchmark script finds its neighbours (``from common import ...``)
+as when it runs alone; a script elsewhere gets no folder of its own on sys.path.
 """
 
 import runpy
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from srope.lab.tasks import autotune  # noqa: E402
+import common  # noqa: F401  (first: says how to make srope importable when it is not)
+from srope.lab.tasks import autotune
 
 autotune.apply("first")  # also for synthetic runs started inside, and their workers
 if sys.argv[1] == "-m":  # python benchmarks/fast_autotune.py -m pytest ...
@@ -18,5 +23,4 @@ if sys.argv[1] == "-m":  # python benchmarks/fast_autotune.py -m pytest ...
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 else:
     script, sys.argv = sys.argv[1], sys.argv[1:]
-    sys.path.insert(0, str(Path(script).resolve().parent))
     runpy.run_path(script, run_name="__main__")

@@ -253,6 +253,7 @@ def authors_copying_config(release: Path, seed: int, steps: int, arm: dict, max_
 
 def run_authors_copying(release: Path, seed: int, out: dict, workers: int) -> None:
     p = PROTOCOL["copying"]
+    # the authors' release is a checkout, not an installed package: import it from there on purpose
     sys.path[:0] = [str(release / "src"), str(release / "synthetic_tasks" / "copying" / "src")]
     stub_wandb()
     import accelerate
@@ -319,6 +320,7 @@ def run_ours_copying(seed: int, out: dict, folder: Path) -> None:
 
 
 def zoology_config(release: Path, seed: int):
+    # the authors' release is a checkout, not an installed package: import it from there on purpose
     sys.path.insert(0, str(release / "synthetic_tasks" / "zoology" / "src"))
     stub_wandb()
     from zoology.config import DataConfig, LoggerConfig, TrainConfig
@@ -510,6 +512,7 @@ def import_state_tracking_main(release: Path):
     only to find the Hydra config folder: the release's root), ``hydra`` (``hydra.main`` as an
     identity decorator: ``train(cfg)`` is called with a composed configuration) and ``polars``
     (:class:`CsvPolars`, its one call). They are put in ``sys.modules`` for the import only."""
+    # the authors' release is a checkout, not an installed package: import it from there on purpose
     sys.path[:0] = [str(release / "src"), str(release / "synthetic_tasks" / "state_tracking" / "src")]
     stub_wandb()
     root = str(release)

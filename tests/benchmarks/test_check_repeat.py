@@ -8,11 +8,11 @@ import sys
 
 import torch
 
-from tests.benchmarks.conftest import BENCHMARKS
+from tests.benchmarks.conftest import as_from_the_command_line
 
 
 def test_names_the_module_that_does_not_repeat(monkeypatch, tmp_path, run_benchmark):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    as_from_the_command_line(monkeypatch)
     import check_repeat
 
     build = check_repeat.srope_model_factory

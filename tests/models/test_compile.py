@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from srope.registry import mixers, positions
+from tests.benchmarks.conftest import as_from_the_command_line
 
 ROOT = Path(__file__).resolve().parents[2]
 MIXERS, POSITIONS = tuple(mixers), tuple(positions)  # every registered host and encoding
@@ -22,7 +23,7 @@ def check_compile(tmp_path, monkeypatch, *options: str, backend: str = "aot_eage
     """The script's results for ``options`` on the CPU under ``backend``."""
     out = tmp_path / "compile.json"
     monkeypatch.setattr(sys, "argv", ["check_compile.py", "--out", str(out), "--device", "cpu", "--backend", backend, *options])
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its `common`
+    as_from_the_command_line(monkeypatch)  # its `common`
     runpy.run_path(str(ROOT / "benchmarks" / "check_compile.py"), run_name="__main__")
     results = json.loads(out.read_text())["results"]
     assert results and not [r for r in results if "error" in r], results
@@ -65,7 +66,7 @@ def test_inductor_compiles_gated_deltanet_gradients_right(tmp_path, monkeypatch)
     out = tmp_path / "compile.json"
     monkeypatch.setattr(sys, "argv", ["check_compile.py", "--out", str(out), "--device", "cpu", "--backend", "inductor", "--no-explain",
                                       "--mixers", "gated_deltanet", "--positions", "nope", "--layouts", "packed"])
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    as_from_the_command_line(monkeypatch)
     runpy.run_path(str(ROOT / "benchmarks" / "check_compile.py"), run_name="__main__")
     (record,) = json.loads(out.read_text())["results"]
     result = record["packed"]

@@ -157,16 +157,17 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    """``python benchmarks/bench_LEVEL.py ARGS`` in a process of its own (its folder first on its
+    sys.path, as for any script), importing this srope: its source folder leads PYTHONPATH."""
     import pathlib
-    import runpy
+    import subprocess
 
-    script = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / f"bench_{args.level}.py"
+    src = pathlib.Path(__file__).resolve().parents[2]  # src/ of a checkout (site-packages when installed)
+    script = src.parent / "benchmarks" / f"bench_{args.level}.py"
     if not script.exists():
         raise FileNotFoundError(f"srope bench needs a source checkout: {script} is missing (benchmarks/ is not part of the installed package)")
-    sys.argv = [str(script), *args.args]
-    sys.path.insert(0, str(script.parent))
-    runpy.run_path(str(script), run_name="__main__")
-    return 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, str(script), *args.args], env=env, check=False).returncode
 
 
 # --------------------------------------------------------------------------- parser

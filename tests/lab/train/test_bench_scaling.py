@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks.conftest import as_from_the_command_line
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -20,7 +22,7 @@ def test_bench_scaling_runs_torchrun_and_compares_with_one_process(store, tmp_pa
     monkeypatch.setattr(sys, "argv", argv)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its `common`
+    as_from_the_command_line(monkeypatch)  # its `common`
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(ROOT / "benchmarks" / "bench_scaling.py"), run_name="__main__")
     assert done.value.code == 0
@@ -37,7 +39,7 @@ def test_bench_scaling_runs_torchrun_and_compares_with_one_process(store, tmp_pa
 
 
 def test_default_jobs_cover_each_gpu_count_and_both_parallel_modes(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    as_from_the_command_line(monkeypatch)
     from bench_scaling import default_jobs, parse_job
 
     jobs = [parse_job(spec) for spec in default_jobs([1, 2, 4]).split(",")]
