@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from tests.benchmarks.conftest import BENCHMARKS
+from tests.benchmarks.conftest import BENCHMARKS, as_from_the_command_line
 
 SCRIPT = """
 import torch
@@ -38,7 +38,7 @@ def test_each_compile_of_a_new_shape_is_an_event(tmp_path):
 def test_close_events_merge_into_one_stall(monkeypatch):
     import importlib
 
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # its `common`, as when run from the command line
+    as_from_the_command_line(monkeypatch)
     module = importlib.import_module("profile_stalls")
     events = [{"kind": "triton_compile", "start": 0.0, "seconds": 2.0}, {"kind": "triton_autotune", "start": 2.5, "seconds": 1.0},
               {"kind": "torch_compile", "start": 10.0, "seconds": 0.5}]
