@@ -227,9 +227,9 @@ def test_synth_refuses_an_option_and_a_set_that_disagree(argv, expected, tmp_pat
 
 
 # --config FILE: what each file holds, and the one line its error must say.
+UNREADABLE = [("missing.json", None, "--config missing.json: no such file"), ("broken.json", '{"lr": 1e-3,', "--config broken.json: not valid JSON (")]
 CONFIG_ERRORS = [
-    ("missing.json", None, "--config missing.json: no such file"),
-    ("broken.json", '{"lr": 1e-3,', "--config broken.json: not valid JSON ("),
+    *UNREADABLE,
     ("broken.toml", "lr = = 1", "--config broken.toml: not valid TOML ("),
     ("list.json", "[1, 2]", "--config list.json: expected a JSON object of settings, got list"),
     ("unknown.json", '{"preset": "gla-tiny", "max_steps": 3, "learning_rate": 1}', "--config unknown.json: unknown setting 'learning_rate' for TrainConfig"),
@@ -239,8 +239,7 @@ CONFIG_ERRORS = [
     ("synth.json", '{"task": "copying", "preset": "cpu", "lrs": [0.001]}', "--config synth.json: a srope synth config (task 'copying'), not srope train's"),
 ]
 SYNTH_CONFIG_ERRORS = [
-    ("missing.json", None, "--config missing.json: no such file"),
-    ("broken.json", '{"lrs": [1e-3', "--config broken.json: not valid JSON ("),
+    *UNREADABLE,
     ("unknown.toml", "lrs = [0.001]\nbogus = 1", "--config unknown.toml: unknown setting 'bogus' for CopyingPreset"),
     ("preset.json", '{"preset": "relese"}', "--config preset.json: unknown preset 'relese' for copying"),
     ("mqar.json", '{"task": "mqar", "preset": "cpu"}', "--config mqar.json: a config of srope synth mqar, not copying"),
