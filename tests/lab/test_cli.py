@@ -67,6 +67,7 @@ def _error_line(capsys) -> str:
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "position.gate=bogus"], "gate must be one of"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--set", "position.projection_gain=big"], "position.projection_gain: expected a number"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--resume"], "--resume: no checkpoint"),
+        (["train", "--preset", "gla-tiny"], "--max-steps is required (or a --config FILE that gives it)"),
         (["synth", "copying", "--set", "bogus=1"], "bogus"),
         (["synth", "parity"], "unknown synthetic task 'parity'"),
         (["synth", "mqar", "--preset", "relese"], "unknown preset 'relese' for mqar; choose one of release, zoology, paper, cpu"),
@@ -86,7 +87,6 @@ def test_user_errors_are_one_line_with_exit_code_2(argv, expected, tmp_path, cap
     "argv, expected",
     [
         (["train", "--preset", "gla-tiny", "--max-steps", "0"], "expected a positive integer, got 0"),
-        (["train", "--preset", "gla-tiny"], "the following arguments are required: --max-steps"),
         (["train", "--preset", "gla-tiny", "--max-steps", "3", "--val-fraction", "2"], "expected a number in (0, 1)"),
         (["trian"], "invalid choice: 'trian'"),
         (["train", "--preset", "gla-tin", "--max-steps", "3"], "argument --preset: invalid choice: 'gla-tin'"),
@@ -224,3 +224,61 @@ def test_synth_refuses_an_option_and_a_set_that_disagree(argv, expected, tmp_pat
     assert main(["synth", "copying", "--preset", "cpu", *argv, "--dry-run"]) == 2
     line = _error_line(capsys)
     assert line.startswith("srope synth: error: ") and expected in line, line
+
+
+# --config FILE: what each file holds, and the one line its error must say.
+UNREADABLE = [("missing.json", None, "--config missing.json: no such file"), ("broken.json", '{"lr": 1e-3,', "--config broken.json: not valid JSON (")]
+CONFIG_ERRORS = [
+    *UNREADABLE,
+    ("broken.toml", "lr = = 1", "--config broken.toml: not valid TOML ("),
+    ("list.json", "[1, 2]", "--config list.json: expected a JSON object of settings, got list"),
+    ("unknown.json", '{"preset": "gla-tiny", "max_steps": 3, "learning_rate": 1}', "--config unknown.json: unknown setting 'learning_rate' for TrainConfig"),
+    ("unknown.toml", 'preset = "gla-tiny"\nmax_steps = 3\n[model]\nhidden = 8', "--config unknown.toml: unknown model setting 'model.hidden'"),
+    ("badvalue.json", '{"preset": "gla-tiny", "max_steps": "many"}', "--config badvalue.json: --set max_steps: expected an integer, got 'many'"),
+    ("nosteps.json", '{"preset": "gla-tiny"}', "--max-steps is required: --config nosteps.json does not give max_steps"),
+    ("synth.json", '{"task": "copying", "preset": "cpu", "lrs": [0.001]}', "--config synth.json: a srope synth config (task 'copying'), not srope train's"),
+]
+SYNTH_CONFIG_ERRORS = [
+    *UNREADABLE,
+    ("unknown.toml", "lrs = [0.001]\nbogus = 1", "--config unknown.toml: unknown setting 'bogus' for CopyingPreset"),
+    ("preset.json", '{"preset": "relese"}', "--config preset.json: unknown preset 'relese' for copying"),
+    ("mqar.json", '{"task": "mqar", "preset": "cpu"}', "--config mqar.json: a config of srope synth mqar, not copying"),
+    ("train_config.json", '{"preset": "gla-tiny", "max_steps": 3, "seq_len": 32}', "--config train_config.json: a srope train config (preset 'gla-tiny'), not srope synth's"),
+]
+
+
+@pytest.mark.parametrize("argv, cases", [(["train"], CONFIG_ERRORS), (["synth", "copying", "--dry-run"], SYNTH_CONFIG_ERRORS)])
+def test_a_bad_config_file_is_one_line_naming_it(argv, cases, tmp_path, capsys, monkeypatch):
+    """A missing file, one that is not JSON/TOML or not an object, an unknown key, a bad value or
+    a file of the other command: one line naming the file (and the key), exit code 2, no run folder."""
+    monkeypatch.chdir(tmp_path)
+    for name, text, expected in cases:
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        assert main([*argv, "--config", name]) == 2, name
+        line = _error_line(capsys)
+        assert line.startswith(f"srope {argv[0]}: error: {expected}"), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_config_precedence_is_file_then_options_then_set(tmp_path, monkeypatch):
+    """Preset defaults < --config FILE < options < --set; JSON and TOML files alike; the settings
+    the file does not give keep their defaults."""
+    import srope.lab.train.trainer as trainer
+    from srope.lab.train.trainer import TrainConfig
+
+    calls = []
+    monkeypatch.setattr(trainer, "train", lambda config, out, **kw: calls.append((config, out)) or {})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps({"preset": "gla-tiny", "max_steps": 5, "lr": 0.001, "seed": 3, "position": "rope", "model": {"hidden_size": 32}}))
+    (tmp_path / "run.toml").write_text('preset = "gla-tiny"\nmax_steps = 5\nlr = 0.001\nseed = 3\nposition = "rope"\n[model]\nhidden_size = 32\n')
+    for file in ("run.json", "run.toml"):
+        assert main(["train", "--config", file, "--out", "a"]) == 0
+        assert calls[-1][0] == TrainConfig(preset="gla-tiny", max_steps=5, lr=0.001, seed=3, position="rope", model={"hidden_size": 32})
+        assert main(["train", "--config", file, "--max-steps", "7", "--preset", "gdn-tiny", "--set", "lr=0.002", "--set", "model.num_heads=2",
+                     "--set", "position.theta=500"]) == 0  # fmt: skip
+        config, out = calls[-1]
+        assert config == TrainConfig(preset="gdn-tiny", max_steps=7, lr=0.002, seed=3, position={"type": "rope", "theta": 500.0},
+                                     model={"hidden_size": 32, "num_heads": 2})  # fmt: skip
+        assert out == "out/train/gdn-tiny-rope"  # named from the settings that run
+        assert main(["train", "--config", file, "--position", "nope", "--out", "a"]) == 0 and calls[-1][0].position == "nope"

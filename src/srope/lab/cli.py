@@ -181,31 +181,47 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _add_run_arguments(parser: argparse.ArgumentParser, *, what: str, sets: str = "(repeatable)") -> None:
-    """What srope train and srope sweep-lr both take to describe a run."""
-    parser.add_argument("--preset", required=True, choices=model_presets, metavar="NAME", help=f"model preset: {', '.join(model_presets)} (see `srope models`)")
+def _add_run_arguments(parser: argparse.ArgumentParser, *, what: str, sets: str = "(repeatable)", config: bool = False) -> None:
+    """What srope train and srope sweep-lr both take to describe a run (``config``: also
+    --config FILE, which may give the preset and the steps)."""
+    if config:
+        parser.add_argument("--config", default=None, metavar="FILE",
+                            help="start from these settings: a run's train_config.json, or a JSON/TOML file of TrainConfig fields "
+                                 "(precedence: preset defaults < FILE < options < --set)")
+    parser.add_argument("--preset", required=not config, choices=model_presets, metavar="NAME",
+                        help=f"model preset: {', '.join(model_presets)} (see `srope models`)" + ("; required unless --config gives it" if config else ""))
     parser.add_argument("--position", default=None, choices=positions,
                         help=f"{' | '.join(positions)} (default: selective_rope; options via --set position.KEY=VALUE)")
     parser.add_argument("--data", default=None, help="shakespeare (default) | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a prepared token store")
     parser.add_argument("--cache", default=None, help="data cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
     parser.add_argument("--tokenizer", default=None, help="mistral-v1 (the paper's; default) or a local Hugging Face tokenizer folder (not with a token store, which has its own)")
     parser.add_argument("--val-fraction", type=_fraction, default=None, help="held-out fraction of the documents of a local or hf source, half the validation split (lr choice, evals while training), half the test split (srope eval) (default 0.01; the same as --set val_fraction=...)")
-    parser.add_argument("--max-steps", type=_positive_int, required=True, help=what)
+    parser.add_argument("--max-steps", type=_positive_int, required=not config, help=what + ("; required unless --config gives it" if config else ""))
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help=f"override a TrainConfig field, model.FIELD or position.OPTION {sets}")
 
 
 def _run_config(args: argparse.Namespace):
-    """The TrainConfig the run arguments describe (--set applied and checked). A setting given
-    both as an option and with --set must agree (the run folder is named from the result)."""
-    from srope.lab.config import apply_overrides
+    """The TrainConfig the run arguments describe: preset defaults < --config FILE < options <
+    --set, checked. A setting given both as an option and with --set must agree (the run folder
+    is named from the result); the file's settings are there to be overridden."""
+    import dataclasses
+
+    from srope.lab.config import apply_overrides, read_config_file
     from srope.lab.overrides import parse_assignments
     from srope.lab.train.trainer import TrainConfig
 
     options = {"preset": args.preset, "position": args.position, "data": args.data, "cache": args.cache, "tokenizer": args.tokenizer,
                "val_fraction": args.val_fraction, "max_steps": args.max_steps}  # fmt: skip
     given = {key: value for key, value in options.items() if value is not None}
-    config = apply_overrides(TrainConfig(**given), args.set or [])
+    file = getattr(args, "config", None)
+    values = {} if file is None else read_config_file(file)
+    config = TrainConfig() if file is None else TrainConfig.from_file(values, file)
     sets = parse_assignments(args.set)
+    for key in ("preset", "max_steps"):  # what a run cannot default (srope sweep-lr's parser requires the options)
+        if key not in given and key not in sets and key not in values:
+            where = f": --config {file} does not give {key}" if file else " (or a --config FILE that gives it)"
+            raise ValueError(f"--{key.replace('_', '-')} is required{where}")
+    config = apply_overrides(dataclasses.replace(config, **given), args.set or [])
     for key, value in given.items():
         final = _position_type(config.position) if key == "position" else getattr(config, key)
         if key in sets and final != value:
@@ -223,7 +239,7 @@ def _add_train(commands) -> None:
         description="Train a model preset on a corpus. A plain .txt file is split into documents at blank lines "
         "(long paragraphs in chunks); a held-out fraction of the documents (--val-fraction) is split between the validation and test splits.",
     )
-    _add_run_arguments(train, what="optimiser steps of the whole run (fixes the schedule)")
+    _add_run_arguments(train, what="optimiser steps of the whole run (fixes the schedule)", config=True)
     train.add_argument("--out", default=None, help=f"run folder: checkpoints, metrics.jsonl, tensorboard, model/ (default: {OUT}/train/PRESET-POSITION)")
     train.add_argument("--stop-after", type=_positive_int, default=None, help="stop after this step with a checkpoint (continue with --resume)")
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")

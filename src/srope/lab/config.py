@@ -9,14 +9,21 @@ differ in their fields, not in how a field is set, checked or written out.
 a field's value is converted to the type the field is annotated with; ``model.KEY`` and
 ``position.KEY`` set one entry of the model options and of the position encoding's options,
 which each config class files where it keeps them (:meth:`RunConfig.nested_overrides`).
+
+``--config FILE`` (``srope train``, ``srope synth``) goes through the same function: the
+file's settings (:func:`read_config_file`: a JSON object, or TOML for a ``.toml`` name) are
+applied to the preset's before the command's options and ``--set``
+(:func:`apply_config_file`), so preset < file < options < ``--set``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import tomllib
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from srope.lab.overrides import coerce, parse_assignments, parse_literal
@@ -77,3 +84,32 @@ def apply_overrides(config: C, overrides: Mapping[str, Any] | list[str] | None) 
             raise ValueError(f"unknown setting {key!r} for {type(config).__name__}; valid: {', '.join(sorted(names))}{extra}")
     changes.update(config.nested_overrides(changes, nested["model"], nested["position"]))
     return dataclasses.replace(config, **changes)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The settings in ``path``: a JSON object, or a TOML document when the name ends in
+    ``.toml``. A missing or unreadable file, or one that is not such an object, raises with
+    one line naming it."""
+    path, kind = Path(path), "TOML" if str(path).lower().endswith(".toml") else "JSON"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--config {path}: cannot read it ({getattr(error, 'strerror', None) or error})") from None
+    try:
+        values = tomllib.loads(text) if kind == "TOML" else json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"--config {path}: not valid {kind} ({error})") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {path}: expected a {kind} object of settings, got {type(values).__name__}")
+    return values
+
+
+def apply_config_file(config: C, values: Mapping[str, Any], path: str | Path) -> C:
+    """``config`` with the settings ``values`` read from ``path`` applied (:func:`apply_overrides`:
+    typed values, an unknown key refused); an error names the file."""
+    try:
+        return apply_overrides(config, values)
+    except ValueError as error:
+        raise ValueError(f"--config {path}: {error}") from None

@@ -274,6 +274,37 @@ def test_cli_handler(tmp_path, capsys):
         run_synth_command(_parse(["copying"]), gru_factory)
 
 
+# What a sweep started from another's results.json may record otherwise: the overrides of its
+# own command line (none), its provenance (commit, command, wall times) and its seconds.
+MAY_DIFFER_FROM_THE_FILE = ("overrides", "provenance", "seconds")
+TIMING = ("seconds", "eval_seconds")
+
+
+def test_a_sweep_started_from_a_sweeps_results_repeats_it(tmp_path):
+    """`srope synth TASK --config FIRST/results.json --out SECOND` runs the first sweep's preset and
+    settings again, with the same numbers bitwise; options and --set on top change what they
+    name; a hand-written TOML file says the same as --set."""
+    common = ["--no-progress", "--cache-dir", "none", "--device", "cpu"]
+    sets = {**SMOKE["state_tracking"], "seeds": "0", "model.hidden_size": 16, "model.num_heads": 2, "model.num_hidden_layers": 1}
+    first, second = tmp_path / "first", tmp_path / "second"
+    argv = ["state_tracking", "--preset", "cpu", "--position", "rope", "--out", str(first), *common, *(f"--set={k}={v}" for k, v in sets.items())]
+    assert run_synth_command(_parse(argv), srope_model_factory) == 0
+    assert run_synth_command(_parse(["state_tracking", "--config", str(first / "results.json"), "--out", str(second), *common]), srope_model_factory) == 0
+
+    def kept(results: dict) -> dict:
+        runs = [{k: v for k, v in run.items() if k not in TIMING} for run in results["runs"]]
+        return {**{k: v for k, v in results.items() if k not in MAY_DIFFER_FROM_THE_FILE}, "runs": runs}
+
+    a, b = (json.loads((folder / "results.json").read_text()) for folder in (first, second))
+    assert kept(b) == kept(a) and b["preset"] == "cpu" and b["position_type"] == "rope" and b["overrides"] == {}
+    cfg = resolve_preset("state_tracking", "cpu", {**sets, "position_type": "rope"})
+    assert a["config"] == cfg.to_dict()
+    on_top = {"mixer": "attention", "seeds": "1", "position.theta": "500"}
+    assert resolve_preset("state_tracking", None, on_top, config=first / "results.json") == apply_overrides(cfg, on_top)
+    (tmp_path / "hand.toml").write_text('task = "state_tracking"\npreset = "cpu"\nseeds = [1]\n[model]\nhidden_size = 16\n')
+    assert resolve_preset("state_tracking", None, None, config=tmp_path / "hand.toml") == resolve_preset("state_tracking", "cpu", {"seeds": "1", "model": '{"hidden_size": 16}'})
+
+
 def test_presets_resolve_and_check():
     for task, module_presets in {"mqar": ["zoology", "paper"], "mad": ["paper"], "copying": ["authors", "paper"],
                                  "state_tracking": ["authors", "paper", "paper_a3"]}.items():

@@ -325,3 +325,27 @@ def test_a_model_vocabulary_smaller_than_the_tokenizers_is_refused(store, tmp_pa
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "model.vocab_size 10 is smaller than the tokenizer's vocabulary of 400 tokens" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+# Settings a run started from another's train_config.json may record otherwise: none (its
+# --out is no setting, and data, tokenizer and cache are recorded as absolute paths).
+MAY_DIFFER_FROM_THE_FILE: tuple[str, ...] = ()
+
+
+def test_a_run_started_from_a_runs_config_file_repeats_it(store, tmp_path, monkeypatch):
+    """`srope train --config FIRST/train_config.json --out SECOND` records the first run's settings
+    and computes its losses bitwise; options and --set on top change what they name, and the
+    run records the settings it ran with."""
+    monkeypatch.chdir(tmp_path)
+    sets = ["seq_len=32", "global_batch_size=4", "checkpoint_every=2", "eval_rows=8", "tensorboard=false", "lr=3e-3", 'model={"hidden_size": 32, "num_heads": 2}']
+    assert main(["train", "--preset", "gla-tiny", "--data", store, "--max-steps", "3", "--out", "first", *(f"--set={s}" for s in sets)]) == 0
+    assert main(["train", "--config", "first/train_config.json", "--out", "second"]) == 0
+    first, second = (json.loads((tmp_path / run / "train_config.json").read_text()) for run in ("first", "second"))
+    assert {k: v for k, v in second.items() if k not in MAY_DIFFER_FROM_THE_FILE} == {k: v for k, v in first.items() if k not in MAY_DIFFER_FROM_THE_FILE}
+    assert first["position"] == "selective_rope" and first["data"] == store
+    assert losses(tmp_path / "second") == losses(tmp_path / "first")  # bitwise
+    argv = ["train", "--config", "first/train_config.json", "--max-steps", "2", "--set", "lr=1e-3", "--set", "position.gate=null", "--out", "third"]
+    assert main(argv) == 0
+    third = json.loads((tmp_path / "third" / "train_config.json").read_text())
+    assert third == {**first, "max_steps": 2, "lr": 1e-3, "position": {"type": "selective_rope", "gate": None}}
+    assert json.loads((tmp_path / "third" / "run.json").read_text())["config"] == third

@@ -1,6 +1,6 @@
 """``srope synth``: the argument parser and its handler, for ``srope.lab.cli`` to mount.
 
-    srope synth TASK [--preset NAME] [--mixer M] [--position P] [--set KEY=VALUE ...] --out DIR
+    srope synth TASK [--preset NAME] [--config FILE] [--mixer M] [--position P] [--set KEY=VALUE ...] --out DIR
                      [--jobs N] [--stop-after-steps K] [--resume]
     srope synth TASK ... --dry-run          # print the resolved preset and settings, run nothing
     srope synth report DIR [DIR ...] [--out FILE]
@@ -12,7 +12,9 @@ second ``srope synth`` into a folder in use is refused, naming the pid that hold
 
 ``--mixer`` and ``--position`` are shorthands for ``--set mixer=...`` and
 ``--set position_type=...``; ``--set model.KEY=V`` / ``--set position.KEY=V`` reach the model
-config and the selected position encoding's options.
+config and the selected position encoding's options. ``--config FILE`` (a sweep's
+``results.json`` or a hand-written JSON/TOML file) comes between the preset and them:
+preset < FILE < ``--mixer``/``--position`` < ``--set``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default=None, help="task preset: cpu (small, under a minute on 2 cores), paper, and the task's own (mqar: zoology; copying, state_tracking: authors; state_tracking also paper_a3); --dry-run lists them")
     parser.add_argument("--mixer", default=None, help=f"token mixer ({', '.join(mixers)}); default: the preset's")
     parser.add_argument("--position", default=None, choices=positions, help="position encoding; default: the preset's (selective_rope)")
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="start from these settings: a sweep's results.json, or a JSON/TOML file of the task's settings (optional task, preset); "
+                             "precedence: preset < FILE < --mixer/--position < --set")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a preset entry (repeatable)")
     parser.add_argument("--out", default=None, help="result folder (a task run) or markdown file (report; default: print)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
@@ -86,7 +91,7 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     if args.dirs:
         raise ValueError(f"unexpected arguments {args.dirs} (only `srope synth report` takes folders)")
     overrides = synth_overrides(args)
-    cfg = resolve_preset(args.task, args.preset, overrides)
+    cfg = resolve_preset(args.task, args.preset, overrides, args.config)
     if args.dry_run:
         settings = get_task(args.task).settings(cfg)
         print(presets_line(args.task))
@@ -100,7 +105,7 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     cache = None if args.cache_dir in ("", "none") else args.cache_dir
     results = run_synthetic(args.task, model_factory, out=args.out, overrides=overrides, preset=args.preset, device=args.device,
                             cache_dir=cache, label=args.label, progress=not args.no_progress, resume=args.resume, jobs=args.jobs,
-                            stop_after_steps=args.stop_after_steps, autotune=args.autotune)
+                            stop_after_steps=args.stop_after_steps, autotune=args.autotune, config=args.config)
     print(report([args.out]))
     print(f"wrote {Path(args.out) / 'results.json'} in {results['seconds']:.0f} s")
     if not results["complete"]:

@@ -60,7 +60,7 @@ from srope.lab.loop import optimizer_step, train_steps
 from srope.lab.schedule import task_schedule
 from srope.lab.train.optim import adamw
 from srope.lab.tasks import numerics, release
-from srope.lab.config import apply_overrides
+from srope.lab.config import apply_config_file, apply_overrides, read_config_file
 from srope.lab.tasks.numerics import autocast
 from srope.lab.tasks.common import IGNORE, ModelRequest, Prepared, Setting, default_cache_dir, rng_for
 from srope.lab.tasks.parallel import LocalControl
@@ -69,6 +69,7 @@ from srope.lab.tasks.summary import summarize
 from srope.lab.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, remove_unfinished, save_checkpoint, usable_checkpoint
 from srope.lab.train.distributed import World
 from srope.lab.train.run_folder import RunFolder
+from srope.registry import model_presets
 
 ModelFactory = Callable[[ModelRequest], nn.Module]
 RESULTS_FILE, PLOT_FILE, RUNS_DIR, WEIGHTS_FILE = "results.json", "results.png", "runs", "model.safetensors"
@@ -108,15 +109,54 @@ def presets_line(task: str) -> str:
     return f"presets for {task}: {default} (default){''.join(', ' + name for name in others)}; pick one with --preset NAME"
 
 
-def resolve_preset(task: str, preset: str | None = None, overrides: dict[str, Any] | None = None):
-    """The task's preset (``None``: its default) with ``overrides`` applied and checked."""
-    entry = check_task(task, preset)
-    module, name = entry.load(), entry.default_preset if preset is None else preset
-    cfg = apply_overrides(module.PRESETS[name], overrides)
+def resolve_preset(task: str, preset: str | None = None, overrides: dict[str, Any] | None = None, config: str | Path | None = None):
+    """The task's preset with ``overrides`` applied and checked (:func:`resolve_run`)."""
+    return resolve_run(task, preset, overrides, config)[1]
+
+
+def resolve_run(task: str, preset: str | None = None, overrides: dict[str, Any] | None = None, config: str | Path | None = None) -> tuple[str, Any]:
+    """The preset's name and the run's settings: the task's preset (``preset``, else the one
+    the ``config`` file names, else the task's default) < the ``config`` file's settings
+    (:func:`read_synth_config`) < ``overrides``, checked."""
+    file_preset, settings = (None, {}) if config is None else read_synth_config(config, task)
+    entry = check_task(task, preset or file_preset)
+    name = preset or file_preset or entry.default_preset
+    module = entry.load()
+    cfg = module.PRESETS[name] if config is None else apply_config_file(module.PRESETS[name], settings, config)
+    cfg = apply_overrides(cfg, overrides)
     module.check(cfg)
     if getattr(cfg, "threads", 0) < 0:
         raise ValueError(f"threads must be >= 0 (0: torch's default), got {cfg.threads}")
-    return cfg
+    return name, cfg
+
+
+def read_synth_config(path: str | Path, task: str) -> tuple[str | None, dict[str, Any]]:
+    """The preset (None if it names none) and the settings of ``srope synth TASK --config FILE``:
+    a sweep's ``results.json`` (its ``task``, ``preset`` and ``config``) or a JSON/TOML object of
+    the task's settings, with ``task`` and ``preset`` optional. A file of another task or of
+    ``srope train`` raises naming it."""
+    values = read_config_file(path)
+    if isinstance(values.get("config"), dict) and "runs" in values:  # a sweep's record
+        values = {"task": values.get("task"), "preset": values.get("preset"), **recorded_settings(values["config"])}
+    preset = values.pop("preset", None)
+    if "task" not in values and isinstance(preset, str) and preset in model_presets:
+        raise ValueError(f"--config {path}: a srope train config (preset {preset!r}), not srope synth's; give it to srope train --config")
+    kind = values.pop("task", task)
+    if kind != task:
+        raise ValueError(f"--config {path}: a config of srope synth {kind}, not {task}")
+    try:
+        check_task(task, preset)
+    except ValueError as error:
+        raise ValueError(f"--config {path}: {error}") from None
+    return preset, values
+
+
+def recorded_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """A ``results.json`` config as today's settings: one added since ran as
+    ``SETTINGS_BEFORE_THEY_EXISTED`` says, a value recorded under an older name has its new one."""
+    config = {**SETTINGS_BEFORE_THEY_EXISTED, **config}
+    config.update({key: names.get(config[key], config[key]) for key, names in RENAMED_VALUES.items() if key in config})
+    return config
 
 
 def model_request(task: str, cfg, setting: Setting) -> ModelRequest:
@@ -449,11 +489,13 @@ def default_label(cfg) -> str:
 def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, overrides: dict[str, Any] | None = None, preset: str | None = None,
                   device: str | torch.device | None = None, cache_dir: Path | str | None = "default", label: str | None = None,
                   progress: bool = True, plot: bool = True, resume: bool = False, jobs: int = 1, stop_after_steps: int | None = None,
-                  autotune: str | None = None) -> dict:
+                  autotune: str | None = None, config: str | Path | None = None) -> dict:
     """Run ``task`` (``"mqar"``, ``"mad"``, ``"copying"``, ``"state_tracking"``) for one model.
 
     ``overrides`` are ``--set`` style (``{"lrs": "1e-3", "model.hidden_size": 64,
-    "position_type": "rope"}``; unknown keys raise ValueError). ``cache_dir="default"`` uses
+    "position_type": "rope"}``; unknown keys raise ValueError), applied over the settings of the
+    ``config`` file, if any (``srope synth --config``: :func:`resolve_run`), which are applied over
+    the preset (``preset``, else the file's, else the task's default). ``cache_dir="default"`` uses
     ``$SROPE_CACHE`` or ``~/.cache/srope``; ``None`` keeps data in memory only. Returns the
     results dict that is also written to ``out/results.json``.
 
@@ -475,9 +517,8 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
     from srope.lab.tasks import autotune as autotuning
 
     autotune = autotuning.apply(autotune)
-    entry = check_task(task, preset)
-    module, preset_name = entry.load(), entry.default_preset if preset is None else preset
-    cfg = resolve_preset(task, preset_name, overrides)
+    preset_name, cfg = resolve_run(task, preset, overrides, config)
+    module = check_task(task).load()
     for name, value in (("jobs", jobs), ("stop_after_steps", stop_after_steps)):
         if (value is not None or name == "jobs") and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -549,8 +590,7 @@ def _previous_results(out: Path, task: str, preset_name: str, cfg, resume: bool)
     now = {"task": task, "preset": preset_name, **cfg.to_dict()}
     # a setting added after the run started ran as its default then
     defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
-    before = {**defaults, **SETTINGS_BEFORE_THEY_EXISTED, **before}
-    before.update({key: names.get(before[key], before[key]) for key, names in RENAMED_VALUES.items() if key in before})
+    before = {**defaults, **recorded_settings(before)}
     changed = [f"{key} {before.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
                for key in dict.fromkeys([*before, *now]) if key not in RESUME_MAY_CHANGE and before.get(key) != now.get(key)]
     if changed:

@@ -43,7 +43,7 @@ from tqdm import tqdm
 from srope.lab import provenance
 from srope.models import PRESETS, SRopeForCausalLM, preset_config
 from srope.modules import position_class
-from srope.lab.config import RunConfig
+from srope.lab.config import RunConfig, apply_config_file
 from srope.lab.overrides import coerce, parse_literal
 from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, remove_unfinished, save_checkpoint, usable_checkpoint
 from srope.lab.train.corpus import local_path
@@ -166,6 +166,19 @@ class TrainConfig(RunConfig):
         if out.micro_batch_size is not None and (not isinstance(out.micro_batch_size, int) or out.micro_batch_size < 1):
             raise ValueError(f"micro_batch_size must be a positive integer, got {out.micro_batch_size!r}")
         return out
+
+    @classmethod
+    def from_file(cls, values: dict, path) -> "TrainConfig":
+        """The defaults with the settings ``values`` read from ``path`` (``srope train --config``:
+        a run's ``train_config.json`` or a hand-written file) applied; an unknown key, a bad
+        value or a ``srope synth`` config raises naming the file."""
+        if "task" in values:
+            raise ValueError(f"--config {path}: a srope synth config (task {values['task']!r}), not srope train's; "
+                             f"give it to srope synth {values['task']} --config")  # fmt: skip
+        config = apply_config_file(cls(), values, path)
+        if isinstance(values.get("position"), str):  # a bare type name is recorded as such, as --position records it
+            config = dataclasses.replace(config, position=values["position"])
+        return config
 
     def coerce_field(self, key: str, value, annotation):
         """``model=`` takes a JSON object of SRopeConfig fields (merged into the run's),
