@@ -3,7 +3,7 @@
 # inside each), cut at CALL_S seconds so that the report and Triton's cache come back.
 # Carry .whl .whl-st .tcache .authors (see vs_authors.py) and, to go on from an earlier call,
 # its result files in vs-prev/ (runs with a result there are not run again).
-#   TASKS="copying mqar state_tracking" CALL_S=540 bash experiments/vs_authors.sh
+#   TASKS="copying mqar state_tracking" SEEDS="0 1 2" CALL_S=540 bash experiments/vs_authors.sh
 set -u
 source benchmarks/device-env.sh
 export TQDM_MININTERVAL=30 HF_DATASETS_DISABLE_PROGRESS_BARS=1
@@ -16,7 +16,7 @@ mkdir -p "$V"
 if [ -d vs-prev ]; then cp vs-prev/*.json "$V/" 2>/dev/null; fi
 for task in ${TASKS:-copying mqar state_tracking}; do
   timeout "${CALL_S:-540}" python3 experiments/vs_authors.py all --release .authors/selective-rope --release-commit "${RELEASE_COMMIT:-d12e825}" \
-    --tasks "$task" --out "$V" > "$R/vs-$task.log" 2>&1 &
+    --tasks "$task" --seeds ${SEEDS:-0 1 2} --out "$V" > "$R/vs-$task.log" 2>&1 &
 done
 wait
 rm -rf "$V"/ours-*/  # run folders: their results are in the per-run JSON
@@ -25,7 +25,4 @@ tail -n 40 "$R"/vs-*.log
 # At most 8 files of 16 MiB come back from a call: the results and the figure in one archive.
 du -sh "$V"/* | sort -h | tail -n 5
 (cd "$R" && tar czf vs.tgz vs/*.json vs/*.png) && rm -rf "$V"
-tar czf "$R/triton-cache.tgz" -C "$TRITON_CACHE_DIR" .
-if [ "$(stat -c %s "$R/triton-cache.tgz")" -gt 15000000 ]; then
-  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar czf "$R/triton-cache.tgz" --null -T -)
-fi
+[ -f .tcache/pack.sh ] && bash .tcache/pack.sh
