@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from srope.lab import provenance
-from srope.lab.report.build import share
+from srope.lab.report.cells import share
 from srope.lab.report.cli import add_report_arguments
 
 from .conftest import FIRST_COMMIT
@@ -245,7 +245,7 @@ def test_time_limited_runs_of_a_row_are_one_note(tmp_path):
 
 
 def test_the_state_tracking_preset_eval_size_is_the_one_the_report_names():
-    from srope.lab.report.collect import ST_PRESET_EVAL_SIZE
+    from srope.lab.report.collect_synth import ST_PRESET_EVAL_SIZE
     from srope.lab.tasks.state_tracking import PRESETS
 
     assert {PRESETS[name].eval_size for name in ("authors", "paper", "paper_a3")} == {ST_PRESET_EVAL_SIZE}

@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from srope.lab.report import paper
-from srope.lab.report.collect import SELECTIVE_ROPE_DEFAULTS
+from srope.lab.report.collect_lm import SELECTIVE_ROPE_DEFAULTS
 
 SOURCE = re.compile(r"\bv[13] (Fig\.|Table) \d+")
 

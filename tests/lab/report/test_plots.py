@@ -32,7 +32,7 @@ def test_a_title_cut_to_its_lines_says_so():
 def test_mqar_draws_every_runs_test_accuracy_after_each_epoch(tmp_path):
     """A protocol without the paper's setting (64x4) still gets a panel: each run's evaluations
     against its steps, as recorded, with chance (one value among vocab/2) drawn beside them."""
-    from srope.lab.report.build import _rows
+    from srope.lab.report.rows import _rows
     from srope.lab.report.collect import collect
     from srope.lab.report.plots import _mqar
 

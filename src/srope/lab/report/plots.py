@@ -9,7 +9,9 @@ from pathlib import Path
 
 from srope.lab import plotting
 from srope.lab.report import paper
-from srope.lab.report.build import PAPER_MQAR, Page, Row, _by_group, _mqar_points
+from srope.lab.report.page import Page
+from srope.lab.report.page_mqar import PAPER_MQAR, _mqar_points
+from srope.lab.report.rows import Row, _by_group
 
 COLORS = {"NoPE": "tab:gray", "RoPE": "tab:blue", "Selective RoPE": "tab:red"}
 OTHER_COLORS = ("tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")  # none of COLORS

@@ -16,8 +16,8 @@ import numpy as np
 
 from srope.lab import plotting
 from srope.lab.report import paper
-from srope.lab.report.build import STALE_NOTE, UNKNOWN_NOTE
-from srope.lab.report.collect import marks, read_provenance
+from srope.lab.report.cells import STALE_NOTE, UNKNOWN_NOTE
+from srope.lab.report.records import marks, read_provenance
 from srope.lab.tasks.mad import MAD_TASKS
 
 RESULTS_FILE = "results.json"

@@ -1,0 +1,73 @@
+"""The MAD page (Table 1): the protocol score per task beside the paper's, and its verdict."""
+
+from __future__ import annotations
+
+import statistics
+
+from srope.lab.report import paper
+from srope.lab.report.cells import _footnotes, _label_cell, _table, budget_cell, differences, fmt, provenance_cell, seeds_cell
+from srope.lab.report.page import Page, _no_counterpart, _opening
+from srope.lab.report.rows import Row, _by_group, _folders
+from srope.lab.report.verdicts import Verdict, _beats, _caveats
+
+
+def mad_page(rows: list[Row]) -> Page:
+    exp = paper.MAD
+    mine, parts = _opening("mad", "MAD", exp, rows)
+    columns = [*paper.MAD_TASK_ORDER, "average"]
+    parts += ["Cells: ours (mean ± sd over seeds of the protocol score, %) and the paper's Table 1 value in brackets.", ""]
+    verdicts = []
+    for group in _by_group(mine).values():
+        title = group[0].title
+        body = []
+        for row in group:
+            cells = []
+            for column in columns:
+                theirs = exp.value(row.paper_row, column) if row.paper_row else None
+                count = row.mean(f"n:{column}")
+                cells.append(fmt(row.stat(column)) + (f" [{count:.0f}]" if count and column != "average" else "") + (f" ({theirs.value:g})" if theirs else ""))
+            settings = sum(int(row.mean(f"n:{t}") or 0) for t in paper.MAD_TASK_ORDER)
+            body.append([_label_cell(row), row.paper_row or "–", *cells, f"{settings}/{paper.MAD_SETTINGS}", seeds_cell(row),
+                         differences(row.fields, exp.protocol), budget_cell(row, exp.protocol), provenance_cell(row)])
+        verdict = mad_verdict(group)
+        verdicts.append(("", title, verdict))
+        parts += [f"## {title}", "", _folders(group), "", f"Verdict: {verdict.line()}", "",
+                  _table(["variant", "paper row", *[paper.MAD_SHORT[c] + " [settings]" if c != "average" else "Average" for c in columns], "settings", "seeds",
+                          "protocol differences", "budget", "provenance"], body), ""]
+    if not mine:
+        parts.append("No MAD results were found.")
+    parts += [_footnotes(mine), _no_counterpart([r for r in rows if r.experiment != "mad"])]
+    return Page("mad", exp.title, "\n".join(parts).rstrip() + "\n", verdicts, rows)
+
+
+def mad_verdict(group: list[Row]) -> Verdict:
+    named = [r for r in group if r.paper_row]
+    kinds = {r.paper_row for r in named}
+    sels = [r for r in named if r.paper_row not in ("NoPE", "RoPE")]
+    if "NoPE" not in kinds or "RoPE" not in kinds or not sels:
+        missing = [n for n, ok in (("NoPE", "NoPE" in kinds), ("RoPE", "RoPE" in kinds), ("Selective RoPE", bool(sels))) if not ok]
+        return Verdict("not comparable", f"{', '.join(missing)} not run under this protocol")
+    common = set.intersection(*[{k[2:] for r in row.runs for k in r.metrics if k.startswith("s:")} for row in named])
+    if not common:
+        return Verdict("not comparable", "no MAD setting that every variant ran")
+    from srope.lab.report.collect_synth import mad_scores
+
+    def average(row: Row) -> tuple:
+        per_seed = [mad_scores({s: r.metrics[f"s:{s}"] for s in common if f"s:{s}" in r.metrics})["average"] for r in row.runs]
+        return statistics.fmean(per_seed), (statistics.stdev(per_seed) if len(per_seed) > 1 else None), len(per_seed)
+
+    avg = {id(r): average(r) for r in named}
+    nope = next(avg[id(r)] for r in named if r.paper_row == "NoPE")
+    rope = next(avg[id(r)] for r in named if r.paper_row == "RoPE")
+    best_sel = max(sels, key=lambda r: avg[id(r)][0])
+    above_nope = all(_beats(avg[id(r)], nope) for r in sels)
+    not_below_rope = not _beats(rope, avg[id(best_sel)])
+    said = (f"average over the {len(common)} settings all variants ran: NoPE {fmt(nope)}, RoPE {fmt(rope)}, "
+            + ", ".join(f"{r.paper_row} {fmt(avg[id(r)])}" for r in sels)
+            + f"; every Selective RoPE variant beats NoPE: {'yes' if above_nope else 'no'}; the best ({best_sel.paper_row}) is not beaten by RoPE: "
+            + ("yes" if not_below_rope else "no"))
+    ordering = above_nope and not_below_rope
+    if len(common) < paper.MAD_SETTINGS:
+        return Verdict("not comparable", f"{len(common)}/{paper.MAD_SETTINGS} settings (the paper averages all 66); the paper's ordering "
+                       f"{'holds' if ordering else 'does not hold'} on them: {said}" + _caveats(named))
+    return Verdict("reproduced" if ordering else "not reproduced", said + _caveats(named))

@@ -1,0 +1,91 @@
+"""The MQAR page (Fig. 6): accuracy at sequence 512 / 64 KV pairs per model width, and its verdict."""
+
+from __future__ import annotations
+
+import statistics
+
+from srope.lab.report import paper
+from srope.lab.report.cells import _footnotes, _label_cell, _table, budget_cell, differences, fmt, paper_cell, provenance_cell, seeds_cell
+from srope.lab.report.page import Page, _no_counterpart, _opening
+from srope.lab.report.rows import Row, _by_group, _folders
+from srope.lab.report.verdicts import MQAR_LEARNS, Verdict, _beats, _caveats, _inconclusive, invalid_test
+
+
+def _mqar_points(row: Row) -> dict[str, dict[int, tuple]]:
+    """``{"T512-kv64": {64: stat, ...}}`` from the per-setting metrics."""
+    import re
+
+    out: dict[str, dict[int, tuple]] = {}
+    for name in {k for r in row.runs for k in r.metrics}:
+        match = re.fullmatch(r"(T\d+-kv\d+)-d(\d+)", name)
+        if match:
+            out.setdefault(match.group(1), {})[int(match.group(2))] = row.stat(name)
+    return out
+
+
+PAPER_MQAR = "T512-kv64"
+
+
+def mqar_page(rows: list[Row]) -> Page:
+    exp = paper.MQAR
+    mine, parts = _opening("mqar", "MQAR", exp, rows)
+    verdicts = []
+    for group in _by_group(mine).values():
+        title = group[0].title
+        points = {id(r): _mqar_points(r) for r in group}
+        widths = sorted({w for r in group for w in points[id(r)].get(PAPER_MQAR, {})})
+        body = []
+        for row in group:
+            at = points[id(row)].get(PAPER_MQAR, {})
+            common = [at[w] for w in widths if at.get(w)]
+            mean = (statistics.fmean(s[0] for s in common), None, 1) if common and len(common) == len(widths) else None
+            body.append([_label_cell(row), *[fmt(at.get(w)) for w in widths], fmt(mean), seeds_cell(row), paper_cell(exp, row.paper_row, "accuracy"),
+                         differences(row.fields, exp.protocol), budget_cell(row, exp.protocol), provenance_cell(row)])
+        verdict = mqar_verdict(group, points)
+        verdicts.append(("", title, verdict))
+        parts += [f"## {title}", "", _folders(group), "", f"Verdict: {verdict.line()}", ""]
+        if widths:
+            parts += ["Accuracy on query positions at sequence 512 / 64 KV pairs, %, best learning rate per width:", "",
+                      _table(["variant", *[f"d={w}" for w in widths], "mean over widths", "seeds", "paper (Fig. 6)", "protocol differences", "budget (per width)", "provenance"], body), ""]
+        others = sorted({c for r in group for c in points[id(r)] if c != PAPER_MQAR})
+        for config in others:
+            ws = sorted({w for r in group for w in points[id(r)].get(config, {})})
+            parts += [f"Other setting {config} (not in the paper's figure), %:", "",
+                      _table(["variant", *[f"d={w}" for w in ws], "seeds", "provenance"],
+                             [[_label_cell(r), *[fmt(points[id(r)].get(config, {}).get(w)) for w in ws], seeds_cell(r), provenance_cell(r)] for r in group]), ""]
+    if not mine:
+        parts.append("No MQAR results were found.")
+    parts += [_footnotes(mine), _no_counterpart([r for r in rows if r.experiment != "mqar"])]
+    return Page("mqar", exp.title, "\n".join(parts).rstrip() + "\n", verdicts, rows)
+
+
+def mqar_verdict(group: list[Row], points: dict) -> Verdict:
+    by_name: dict[str, Row] = {}
+    for row in group:
+        if row.paper_row and PAPER_MQAR in points[id(row)]:
+            by_name.setdefault(row.paper_row, row)
+    missing = [n for n in ("NoPE", "RoPE", "Selective RoPE") if n not in by_name]
+    if not any(PAPER_MQAR in points[id(r)] for r in group):
+        return Verdict("not comparable", "sequence 512 / 64 KV pairs (the paper's only panel) was not run")
+    if missing:
+        return Verdict("not comparable", f"{', '.join(missing)} not run at sequence 512 / 64 KV pairs")
+    widths = set.intersection(*[set(points[id(by_name[n])][PAPER_MQAR]) for n in by_name])
+    if not widths:
+        return Verdict("not comparable", "no model width that all three encodings ran")
+
+    def average(name: str) -> tuple:
+        stats = [points[id(by_name[name])][PAPER_MQAR][w] for w in widths]
+        sds = [s[1] for s in stats if s[1] is not None]
+        return statistics.fmean(s[0] for s in stats), (max(sds) if sds else None), min(s[2] for s in stats)
+
+    sel, nope, rope = average("Selective RoPE"), average("NoPE"), average("RoPE")
+    said = (f"mean accuracy over widths {', '.join(str(w) for w in sorted(widths))}: Selective RoPE {fmt(sel)}%, NoPE {fmt(nope)}%, RoPE {fmt(rope)}%"
+            + ("; RoPE beats NoPE as the paper says" if _beats(rope, nope) else "; RoPE does not beat NoPE (the paper: positional information helps)"))
+    learned = max((s[0] for r in by_name.values() for s in points[id(r)][PAPER_MQAR].values() if s), default=0.0)
+    why = invalid_test("mqar", by_name.values()) or (
+        f"no encoding learns sequence 512 / 64 KV pairs at any width run (best {100 * learned:.1f}%; a valid test needs one at {MQAR_LEARNS:.0%}), "
+        "so the base model cannot tell the encodings apart" if learned < MQAR_LEARNS else None)
+    if why:
+        return _inconclusive(why, said + _caveats(by_name.values()))
+    ok = _beats(sel, nope) and _beats(sel, rope)
+    return Verdict("reproduced" if ok else "not reproduced", said + _caveats(by_name.values()))
