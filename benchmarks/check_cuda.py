@@ -45,7 +45,8 @@ from safetensors.torch import load_file
 from srope.models import SRopeConfig, SRopeForCausalLM, preset_config
 from srope.registry import positions
 from srope.models.cache import CACHE_FIELD
-from srope.lab.train.trainer import TrainConfig, train
+from srope.lab.train.train_config import TrainConfig
+from srope.lab.train.trainer import train
 
 MIXERS = {"gla": "gla-tiny", "gated_deltanet": "gdn-tiny", "forgetting_attn": "fox-tiny", "attention": "transformer-tiny"}
 POSITIONS = tuple(positions)

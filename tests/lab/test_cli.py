@@ -265,7 +265,7 @@ def test_train_config_precedence_is_file_then_options_then_set(tmp_path, monkeyp
     """Preset defaults < --config FILE < options < --set; JSON and TOML files alike; the settings
     the file does not give keep their defaults."""
     import srope.lab.train.trainer as trainer
-    from srope.lab.train.trainer import TrainConfig
+    from srope.lab.train.train_config import TrainConfig
 
     calls = []
     monkeypatch.setattr(trainer, "train", lambda config, out, **kw: calls.append((config, out)) or {})

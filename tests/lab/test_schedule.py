@@ -48,7 +48,7 @@ def test_no_warm_up_starts_at_the_peak():
 
 
 def test_train_config_refuses_a_schedule_that_would_climb():
-    from srope.lab.train.trainer import TrainConfig
+    from srope.lab.train.train_config import TrainConfig
 
     with pytest.raises(ValueError, match="lr_end .* must not exceed the peak lr"):
         TrainConfig(lr=5e-5).resolved()

@@ -120,7 +120,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from srope.lab.train.data import run_prepare_command
+    from srope.lab.train.prepare import run_prepare_command
 
     return run_prepare_command(args)
 
@@ -208,7 +208,7 @@ def _run_config(args: argparse.Namespace):
 
     from srope.lab.config import apply_overrides, read_config_file
     from srope.lab.overrides import parse_assignments
-    from srope.lab.train.trainer import TrainConfig
+    from srope.lab.train.train_config import TrainConfig
 
     options = {"preset": args.preset, "position": args.position, "data": args.data, "cache": args.cache, "tokenizer": args.tokenizer,
                "val_fraction": args.val_fraction, "max_steps": args.max_steps}  # fmt: skip

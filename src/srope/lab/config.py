@@ -1,6 +1,6 @@
 """The one base of the lab's run configurations and the one way to override them.
 
-``srope train``'s :class:`~srope.lab.train.trainer.TrainConfig`, the synthetic tasks'
+``srope train``'s :class:`~srope.lab.train.train_config.TrainConfig`, the synthetic tasks'
 :class:`~srope.lab.tasks.common.TaskConfig` (every task preset extends it) and the demo's
 :class:`~srope.lab.demo.DemoConfig` are dataclasses that extend :class:`RunConfig`; they
 differ in their fields, not in how a field is set, checked or written out.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from srope.lab.train.data import prepare_corpus
+from srope.lab.train.prepare import prepare_corpus
 from tests.lab.train.conftest import make_text, sp_model, texts, tokenizer_dir  # noqa: F401  (fixtures)
 
 TRAIN_SEQ_LEN = 32
@@ -26,7 +26,8 @@ def eval_store(tmp_path_factory, tokenizer_dir) -> Path:  # noqa: F811
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, eval_store) -> Path:
     """A finished ``srope train`` run folder (train_config.json, metrics.jsonl, model/)."""
-    from srope.lab.train.trainer import TrainConfig, train
+    from srope.lab.train.train_config import TrainConfig
+    from srope.lab.train.trainer import train
 
     out = tmp_path_factory.mktemp("run")
     config = TrainConfig(

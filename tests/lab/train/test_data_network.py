@@ -15,7 +15,8 @@ import pytest
 
 from srope.lab.train import corpus as corpus_mod
 from srope.lab.train.corpus import SHAKESPEARE_TEST, SHAKESPEARE_VALIDATION
-from srope.lab.train.data import PackedBatches, load_corpus
+from srope.lab.train.batches import PackedBatches
+from srope.lab.train.prepare import load_corpus
 from srope.lab.train.tokenizer import PROBES, encode, load_tokenizer, tokenizer_fingerprint
 
 pytestmark = pytest.mark.network

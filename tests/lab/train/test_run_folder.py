@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from srope.lab.cli import main
-from srope.lab.train import trainer
-from srope.lab.train.trainer import TrainConfig, train
+from srope.lab.train import train_config, trainer
+from srope.lab.train.train_config import TrainConfig
+from srope.lab.train.trainer import train
 from tests.lab.train.conftest import make_text
 from tests.lab.train.test_checkpoint import RUN, _argv, _child, _wait_for_steps
 from tests.lab.train.test_trainer import losses
@@ -149,7 +150,7 @@ def test_a_run_that_recorded_relative_paths_resumes_with_a_warning(tokenizer_dir
                                                  **{**RUN, "lr": 3e-3})  # fmt: skip
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as before:
-        before.setattr(trainer, "_absolute", lambda spec: spec)  # what srope train recorded then
+        before.setattr(train_config, "_absolute", lambda spec: spec)  # what srope train recorded then
         train(config("corpus", tokenizer), tmp_path / "run", stop_after=1)
     recorded = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert (recorded["data"], recorded["tokenizer"]) == ("corpus", tokenizer)

@@ -12,7 +12,8 @@ import pytest
 import srope.lab.train.sweep as sweep_module
 from srope.lab.cli import build_parser
 from srope.lab.train.sweep import PAPER_LRS, choose, parse_lrs, run_dir_name, sweep_lr
-from srope.lab.train.trainer import TrainConfig, train
+from srope.lab.train.train_config import TrainConfig
+from srope.lab.train.trainer import train
 
 SMALL = dict(preset="gla-tiny", seq_len=32, global_batch_size=4, max_steps=4, checkpoint_every=2, eval_rows=8, tensorboard=False, model={"hidden_size": 32, "num_heads": 2})
 DIVERGES = 1e12  # AdamW steps of ~1e12 per weight: the loss is non-finite by the second step

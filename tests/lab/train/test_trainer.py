@@ -23,7 +23,8 @@ from srope.models import SRopeForCausalLM, preset_config
 from srope.lab.train.optim import parameter_groups
 from srope.lab.cli import main
 from srope.lab.config import apply_overrides
-from srope.lab.train.trainer import TrainConfig, token_loss_sum, train
+from srope.lab.train.train_config import TrainConfig
+from srope.lab.train.trainer import token_loss_sum, train
 from tests.lab.train.conftest import make_text
 
 SMALL = dict(preset="gla-tiny", seq_len=32, global_batch_size=4, checkpoint_every=2, eval_rows=8, tensorboard=False, model={"hidden_size": 32, "num_heads": 2})
@@ -85,7 +86,8 @@ def test_two_processes_equal_one(store, tmp_path, parallel, dtype):
 
 
 def test_documents_packing_loss_is_per_document(store):
-    from srope.lab.train.data import PackedBatches, load_corpus
+    from srope.lab.train.batches import PackedBatches
+    from srope.lab.train.prepare import load_corpus
 
     corpus = load_corpus(store)
     loader = PackedBatches(corpus.train, 96, 2, packing="documents")

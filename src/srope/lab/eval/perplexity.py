@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from srope.lab import provenance
-from srope.lab.train.data import IGNORE_INDEX, PACKING, TokenStore, eval_batches
+from srope.lab.train.batches import IGNORE_INDEX, PACKING, eval_batches
+from srope.lab.train.token_store import TokenStore
 
 LOGIT_CHUNK = 1024  # time steps per lm_head + cross-entropy chunk
 EVAL_SPLITS = ("test", "val")  # the first is the default
@@ -363,7 +364,8 @@ def run_eval(
     from srope.lab.eval.model_dir import autocast_dtype as pick_autocast
     from srope.lab.eval.model_dir import find_train_config, has_tokenizer, load_model, read_model_config, resolve_device, resolve_model_dir
     from srope.lab.train.corpus import local_path
-    from srope.lab.train.data import is_store, load_corpus
+    from srope.lab.train.prepare import load_corpus
+    from srope.lab.train.token_store import is_store
     from srope.lab.train.tokenizer import MISTRAL_V1
 
     model_dir = resolve_model_dir(model)
@@ -479,7 +481,7 @@ def _same_tokenizer(corpus, model_dir: Path) -> bool:
     saved = corpus.path / "tokenizer"
     if not saved.is_dir():
         return False
-    from srope.lab.train.trainer import generation_tokenizer
+    from srope.lab.train.export import generation_tokenizer
 
     return tokenizer_fingerprint(generation_tokenizer(saved)) == theirs
 

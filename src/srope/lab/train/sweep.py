@@ -29,7 +29,9 @@ import os
 from pathlib import Path
 
 from srope.lab.train.checkpoint import latest_checkpoint
-from srope.lab.train.trainer import TrainConfig, resolve_recorded_paths, train
+from srope.lab.train.resume import resolve_recorded_paths
+from srope.lab.train.train_config import TrainConfig
+from srope.lab.train.trainer import train
 
 PAPER_LRS = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # Table 5 of the paper
 # Settings that do not change what a run computes: a run may be resumed with other values.

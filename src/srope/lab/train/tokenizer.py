@@ -17,7 +17,7 @@ it token for token (checked on all 77 Shakespeare texts and 23,000 random string
 
 Encoding convention of the saved tokenizer (what lm-eval and ``generate`` see): ``<s>`` is
 prepended, no ``</s>`` is appended (like Mistral's). The data pipeline adds ``<s>``/``</s>``
-per document itself (see :mod:`srope.lab.train.data`).
+per document itself (see :mod:`srope.lab.train.token_store`).
 """
 
 from __future__ import annotations

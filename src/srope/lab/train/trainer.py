@@ -24,213 +24,32 @@ are checked before the run folder is made, and a failed start removes the folder
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
-import os
 import shutil
 import signal
 import time
-import typing
-import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from srope.lab import provenance
-from srope.models import PRESETS, SRopeForCausalLM, preset_config
-from srope.modules import position_class
-from srope.lab.config import RunConfig, apply_config_file
-from srope.lab.overrides import coerce, parse_literal
-from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, remove_unfinished, save_checkpoint, usable_checkpoint
-from srope.lab.train.corpus import local_path
-from srope.lab.train.data import PackedBatches, check_store_options, eval_batches, is_store, load_corpus
-from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
 from srope.lab.graphed import GraphCaptureError, StepGraph
 from srope.lab.loop import set_learning_rate, train_steps
 from srope.lab.schedule import warmup_cosine
+from srope.lab.train.batches import PackedBatches, eval_batches
+from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, remove_unfinished, save_checkpoint, usable_checkpoint
+from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
+from srope.lab.train.export import export_model
+from srope.lab.train.metrics_log import MetricsLog
 from srope.lab.train.optim import build_optimizer
-from srope.lab.train.run_folder import RunFolder, used_entries
+from srope.lab.train.prepare import load_corpus
+from srope.lab.train.resume import _check_folder, _check_same_settings
+from srope.lab.train.run_folder import RunFolder
 from srope.lab.train.stops import StopRequested, StopSignals
-from srope.lab.train.tokenizer import MISTRAL_V1
-
-# Settings a resumed run may change (they do not affect the numbers computed).
-RESUME_MAY_CHANGE = {"checkpoint_every", "log_every", "eval_every", "tensorboard", "device", "cache", "cuda_graph"}
-# Settings that are local paths: recorded absolute (resolve_recorded_paths reads older runs' relative ones).
-PATH_SETTINGS = ("data", "tokenizer", "cache")
-
-
-# The allowed range of every numeric setting, checked by TrainConfig.resolved() (the one place).
-INTEGER_RANGES = (  # name, minimum, what the smallest means
-    ("max_steps", 1, ""), ("seq_len", 1, ""), ("global_batch_size", 1, ""), ("checkpoint_every", 1, ""), ("log_every", 1, ""),
-    ("eval_rows", 1, ""), ("eval_every", 0, " (0: only at the end)"), ("seed", 0, ""),
-)  # fmt: skip
-NUMBER_RANGES = (  # name, test, the range in words (each also finite)
-    ("lr", lambda v: v > 0, "> 0"),
-    ("lr_start", lambda v: v >= 0, ">= 0"),
-    ("lr_end", lambda v: v >= 0, ">= 0"),
-    ("warmup", lambda v: 0 <= v < 1, "in [0, 1) (warmup is the fraction of the steps spent warming up)"),
-    ("weight_decay", lambda v: v >= 0, ">= 0"),
-    ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("eps", lambda v: v > 0, "> 0"),
-    ("grad_clip", lambda v: v >= 0, ">= 0 (0: no clipping)"),
-)
-CHOICES = (
-    ("packing", ("concat", "documents")), ("dtype", ("auto", "float32", "bfloat16")), ("parallel", ("ddp", "fsdp")),
-    ("fsdp_param_dtype", ("auto", "float32")), ("cuda_graph", ("auto", "on", "off")),
-)  # fmt: skip
-
-
-@dataclass
-class TrainConfig(RunConfig):
-    """Everything a run depends on. ``None`` sizes come from the preset's training defaults."""
-
-    preset: str = "gla-tiny"
-    position: Any = "selective_rope"  # a type name or {"type": ..., options}
-    model: dict = field(default_factory=dict)  # SRopeConfig overrides
-    data: str = "shakespeare"
-    cache: str | None = None  # data cache folder (default $SROPE_CACHE or ~/.cache/srope)
-    val_fraction: float | None = None  # held-out documents of a local or hf source (default 0.01; fixed for shakespeare)
-    tokenizer: str | None = None  # "mistral-v1" (None: it, for a source; a token store has its own) or a local Hugging Face tokenizer folder
-    max_steps: int = 100
-    seq_len: int | None = None
-    global_batch_size: int | None = None  # sequences per optimiser step
-    micro_batch_size: int | None = None  # sequences per forward on one rank (default: all of its share)
-    lr: float | None = None  # peak
-    lr_start: float = 1e-5
-    lr_end: float = 1e-4
-    warmup: float = 0.1
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    packing: str = "concat"  # "concat" (the paper) or "documents" (cu_seqlens per document)
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"  # autocast dtype: "auto" = bfloat16 on CUDA, float32 on the CPU
-    compile: bool = False
-    activation_checkpointing: bool = False  # recompute each block in the backward (less memory, ~1 more forward)
-    cuda_graph: str = "auto"  # capture the step (compiled or not) as a CUDA graph: "auto" (CUDA, concat packing, not FSDP2), "on", "off"
-    parallel: str = "ddp"  # "ddp" or "fsdp" (FSDP2) when torchrun starts several processes
-    fsdp_param_dtype: str = "auto"  # FSDP2 gathers parameters in: "auto" = the autocast dtype, "float32"
-    checkpoint_every: int = 100
-    eval_every: int = 0  # 0: only at the end
-    eval_rows: int = 64
-    log_every: int = 1
-    tensorboard: bool = True
-
-    def resolved(self) -> "TrainConfig":
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}; expected one of {sorted(PRESETS)}")
-        defaults = PRESETS[self.preset].training
-        if is_store(self.data):  # its tokenizer and splits were fixed when it was prepared: none is recorded
-            check_store_options(self.data, tokenizer=self.tokenizer, val_fraction=self.val_fraction)
-            tokenizer = None
-        else:
-            tokenizer = MISTRAL_V1 if self.tokenizer in (None, MISTRAL_V1) else _absolute(self.tokenizer)
-        out = dataclasses.replace(
-            self,
-            # local paths absolute, so that the run records what it reads, for srope eval from any directory
-            data=_absolute(self.data),
-            tokenizer=tokenizer,
-            cache=None if self.cache is None else os.path.abspath(os.path.expanduser(self.cache)),
-            seq_len=defaults.context_length if self.seq_len is None else self.seq_len,  # 0 is refused below, not the preset's
-            global_batch_size=defaults.global_batch_size if self.global_batch_size is None else self.global_batch_size,
-            lr=self.lr if self.lr is not None else defaults.learning_rate,
-        )
-        for name, minimum, meaning in INTEGER_RANGES:
-            value = getattr(out, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-                raise ValueError(f"{name} must be {allowed}{meaning}, got {value!r}")
-        for name, accept, allowed in NUMBER_RANGES:
-            value = getattr(out, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not accept(value):
-                raise ValueError(f"{name} must be {allowed}, got {value!r}")
-        for name, choices in CHOICES:
-            if getattr(out, name) not in choices:
-                raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {getattr(out, name)!r}")
-        if out.val_fraction is not None and not (isinstance(out.val_fraction, float) and 0 < out.val_fraction < 1):
-            raise ValueError(f"val_fraction must be a number in (0, 1), got {out.val_fraction!r}")
-        if not isinstance(out.activation_checkpointing, bool):
-            raise ValueError(f"activation_checkpointing must be true or false, got {out.activation_checkpointing!r}")
-        if out.lr_end > out.lr:
-            raise ValueError(f"lr_end ({out.lr_end:g}) must not exceed the peak lr ({out.lr:g}): the cosine decays to it; --set lr_end=... lower")
-        if out.warmup > 0 and out.lr_start > out.lr:
-            raise ValueError(f"lr_start ({out.lr_start:g}) must not exceed the peak lr ({out.lr:g}): the warm-up climbs from it; --set lr_start=... lower")
-        if out.micro_batch_size is not None and (not isinstance(out.micro_batch_size, int) or out.micro_batch_size < 1):
-            raise ValueError(f"micro_batch_size must be a positive integer, got {out.micro_batch_size!r}")
-        return out
-
-    @classmethod
-    def from_file(cls, values: dict, path) -> "TrainConfig":
-        """The defaults with the settings ``values`` read from ``path`` (``srope train --config``:
-        a run's ``train_config.json`` or a hand-written file) applied; an unknown key, a bad
-        value or a ``srope synth`` config raises naming the file."""
-        if "task" in values:
-            raise ValueError(f"--config {path}: a srope synth config (task {values['task']!r}), not srope train's; "
-                             f"give it to srope synth {values['task']} --config")  # fmt: skip
-        config = apply_config_file(cls(), values, path)
-        if isinstance(values.get("position"), str):  # a bare type name is recorded as such, as --position records it
-            config = dataclasses.replace(config, position=values["position"])
-        return config
-
-    def coerce_field(self, key: str, value, annotation):
-        """``model=`` takes a JSON object of SRopeConfig fields (merged into the run's),
-        ``position=`` a type name or a JSON object ``{"type": ..., options}``."""
-        if key == "model":
-            parsed = parse_literal(value) if isinstance(value, str) else value
-            if not isinstance(parsed, dict):
-                raise ValueError(f"--set model=... takes a JSON object of SRopeConfig fields, got {value!r}")
-            return {**self.model, **{name: _model_value(name, v) for name, v in parsed.items()}}
-        if key == "position":
-            parsed = parse_literal(value) if isinstance(value, str) else value
-            return _position_values(dict(parsed) if isinstance(parsed, dict) else {"type": parsed})
-        return super().coerce_field(key, value, annotation)
-
-    def nested_overrides(self, changes: dict, model: dict, position: dict) -> dict:
-        """``model.FIELD`` is an SRopeConfig field, ``position.OPTION`` an option of the
-        run's encoding; each is converted to the type its class annotates."""
-        out = {}
-        if model:
-            out["model"] = {**changes.get("model", self.model), **{name: _model_value(name, v) for name, v in model.items()}}
-        if position:
-            base = changes.get("position", self.position)
-            out["position"] = _position_values({**({"type": base} if isinstance(base, str) else base), **position})
-        return out
-
-    def model_config(self, vocab_size: int):
-        """The run's ``SRopeConfig`` (a bad model or position option raises here)."""
-        return preset_config(self.preset, position=self.position, **{"vocab_size": vocab_size, **self.model})
-
-
-def _absolute(spec):
-    """An existing local path of ``--data`` or ``--tokenizer`` made absolute; anything else as it is
-    (``shakespeare``, ``hf:NAME``, a missing path, which fails later with a hint)."""
-    path = local_path(spec) if isinstance(spec, (str, os.PathLike)) else None
-    return str(path) if path is not None and path.exists() else spec
-
-
-def _model_value(name: str, value):
-    from srope.models import SRopeConfig
-
-    hints = typing.get_type_hints(SRopeConfig.__init__)
-    if name not in hints or name in ("kwargs", "position", "return"):
-        known = sorted(set(hints) - {"kwargs", "position", "return"})
-        raise ValueError(f"unknown model setting 'model.{name}'; SRopeConfig fields: {known} (positions: position.OPTION)")
-    return coerce(value, hints[name], f"model.{name}")
-
-
-def _position_values(position: dict) -> dict:
-    """The position spec with each option converted to the type its module annotates."""
-    cls = position_class(position.get("type"))
-    hints = typing.get_type_hints(cls.__init__)
-    return {key: value if key == "type" or key not in hints else coerce(value, hints[key], f"position.{key}") for key, value in position.items()}
+from srope.lab.train.train_config import TrainConfig
+from srope.models import SRopeForCausalLM
 
 
 def token_loss_sum(model, batch, device, autocast) -> torch.Tensor:
@@ -264,63 +83,6 @@ def evaluate(model, store, config: TrainConfig, world: World, autocast, seq_len:
     return {"val_loss": loss, "val_ppl": math.exp(loss) if loss < 700 else float("inf")}
 
 
-def _metrics_records(path: Path) -> list[tuple[int, str]]:
-    """``(step, line)`` of every record in ``metrics.jsonl``. A torn last line (a run killed
-    while writing it) is dropped with a warning; any other bad line is an error naming it."""
-    lines = path.read_text().splitlines()
-    last = max((number for number, line in enumerate(lines, 1) if line.strip()), default=0)
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as error:
-            if number == last:
-                warnings.warn(f"{path}: dropped a torn last line (a run killed while writing it): {line[:60]!r}", stacklevel=3)
-                continue
-            raise ValueError(f"{path}:{number}: not a JSON record ({error}); fix or delete that line, then --resume again") from None
-        if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):
-            raise ValueError(f"{path}:{number}: a record without an integer 'step'; fix or delete that line, then --resume again")
-        records.append((record["step"], line))
-    return records
-
-
-class MetricsLog:
-    """``metrics.jsonl`` (one JSON object per step) and TensorBoard, on rank 0."""
-
-    def __init__(self, out: Path, world: World, tensorboard: bool, resume_step: int):
-        self.path, self.enabled, self.writer = out / "metrics.jsonl", world.is_main, None
-        self.last_step = 0  # of the records kept
-        if not self.enabled:
-            return
-        if self.path.exists():  # drop the steps a resume will redo
-            kept = [(step, line) for step, line in _metrics_records(self.path) if step <= resume_step]
-            self.path.write_text("".join(line + "\n" for _, line in kept))
-            self.last_step = max((step for step, _ in kept), default=0)
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.writer = SummaryWriter(str(out / "tensorboard"))
-            except ImportError:
-                tqdm.write("tensorboard is not installed: metrics go to metrics.jsonl only (pip install 'srope[lm]')")
-
-    def write(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(key, value, record["step"])
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
 def train(config: TrainConfig, out: str | Path, *, resume: bool = False, stop_after: int | None = None, verbose: bool = False) -> dict:
     """Run (or resume) a training run into ``out``; returns the final metrics (with the
     seconds spent per phase under ``time_s``). ``verbose`` prints what the run reads and writes.
@@ -347,68 +109,6 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, stop_af
                 raise
     finally:
         close_world(world)
-
-
-def _check_folder(out: Path, config: TrainConfig, resume: bool) -> dict | None:
-    """Refuse a folder this run must not write into; return the finished run's ``run.json``
-    when ``resume`` finds one (nothing is left to do), else None."""
-    used = used_entries(out)
-    if not resume:
-        if latest_checkpoint(out) is not None:
-            raise FileExistsError(f"{out} already holds checkpoints: pass --resume to continue, or choose another --out")
-        if used:
-            restart = "; or pass --resume to start its run again from step 0" if "train_config.json" in used else ""
-            raise FileExistsError(f"{out} is not empty ({', '.join(used[:4])}{', ...' if len(used) > 4 else ''}) and holds no checkpoint: "
-                                  f"choose another --out, or empty it{restart}")  # fmt: skip
-        return None
-    finished = _finished_run(out)
-    if finished is not None:
-        _check_same_settings(finished.get("config", {}), config)
-        return finished
-    if latest_checkpoint(out) is None and "train_config.json" not in used:
-        raise FileNotFoundError(f"--resume: no checkpoint and no srope train run under {out}; start without --resume")
-    return None
-
-
-def _finished_run(out: Path) -> dict | None:
-    """``run.json`` of a run that reached ``max_steps``, or None."""
-    try:
-        run = json.loads((out / "run.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return run if isinstance(run, dict) and run.get("complete") is True else None
-
-
-def _check_same_settings(before: dict, config: TrainConfig) -> None:
-    now = config.to_dict()
-    before = resolve_recorded_paths(before, now)
-    changed = {k: (v, now[k]) for k, v in before.items() if k not in RESUME_MAY_CHANGE and now.get(k) != v}
-    if changed:
-        raise ValueError(f"--resume: settings differ from the run's: {changed} (started with, now); resume with the same settings")
-
-
-def resolve_recorded_paths(before: dict, now: dict) -> dict:
-    """``before`` (a run's recorded settings) with each relative path in ``PATH_SETTINGS`` that
-    names, from the current directory, the absolute path ``now`` has, replaced by it, with a
-    one-line warning. Runs from before paths were recorded absolute kept them as given, and
-    read them against the directory they ran in."""
-    same = {key: before[key] for key in PATH_SETTINGS if _names_the_same(before.get(key), now.get(key), key)}
-    if same:
-        recorded = " and ".join(f"a relative {key} path {old!r}" for key, old in same.items())
-        warnings.warn(f"the run recorded {recorded} (srope recorded paths as given then); from the current directory "
-                      f"{'they name' if len(same) > 1 else 'it names'} {' and '.join(now[key] for key in same)}, what this run reads, so it resumes",
-                      stacklevel=3)  # fmt: skip
-    return {**before, **{key: now[key] for key in same}}
-
-
-def _names_the_same(old, new, key: str) -> bool:
-    """Whether the recorded ``old`` is a path other than ``new`` in text that names it from the current directory."""
-    if not (isinstance(old, str) and isinstance(new, str)) or old == new:
-        return False
-    if key == "tokenizer" and old == MISTRAL_V1:
-        return False  # a name, not a path
-    path = local_path(old)
-    return path is not None and str(path) == new
 
 
 class _Phases:
@@ -720,50 +420,3 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         }  # fmt: skip
         (out / "run.json").write_text(json.dumps(summary, indent=2))
     return metrics
-
-
-def export_model(model, corpus, path: Path, world: World) -> None:
-    """``save_pretrained`` the final weights, config and tokenizer (loadable with
-    ``AutoModelForCausalLM.from_pretrained`` after ``import srope``)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if world.is_main:
-        bare = unwrap(model)
-        tokenizer = generation_tokenizer(corpus.path / "tokenizer")
-        bare.generation_config.pad_token_id = tokenizer.pad_token_id
-        bare.save_pretrained(path, state_dict=state)
-        tokenizer.save_pretrained(path)
-        (path / "README.md").write_text(MODEL_CARD)
-    world.barrier()
-
-
-# transformers knows model_type "srope" only once srope.models is imported; without it, it
-# suggests upgrading transformers. The folder says so itself.
-MODEL_CARD = """# An srope model
-
-Trained with `srope train`. Load it after importing `srope.models`, which registers the
-`srope` model type with transformers:
-
-```python
-import srope.models
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-model = AutoModelForCausalLM.from_pretrained("THIS_FOLDER")
-tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")  # pads with eos, on the left
-```
-"""
-
-
-def generation_tokenizer(folder: Path):
-    """The tokenizer saved in ``folder`` as batched generation needs it: a pad token (eos when
-    it has none; the attention mask hides padding) and padding on the left, where a causal
-    model ignores it (``padding_side`` is saved only when given at load time)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, padding_side="left")
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise ValueError("the tokenizer has neither a pad nor an eos token to pad batches with")
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
