@@ -44,7 +44,7 @@ def test_tensorboard_is_imported_once_and_its_absence_is_handled():
         for node, name in _imports(tree):
             if "tensorboard" in name.split("."):
                 sites.append((path.relative_to(SRC).as_posix(), id(node) in guarded))
-    assert sites == [("lab/train/trainer.py", True)]
+    assert sites == [("lab/train/metrics_log.py", True)]
 
 
 @pytest.fixture
