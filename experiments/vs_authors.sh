@@ -14,14 +14,18 @@ python3 -c "import torch, triton, pyarrow; print('torch', torch.__version__, 'tr
 V=$R/vs
 mkdir -p "$V"
 if [ -d vs-prev ]; then cp vs-prev/*.json "$V/" 2>/dev/null; fi
+# One stream per task and seed: the models are small, so the GPU has room for all of them and
+# a call holds more seeds than one stream per task could run in turn.
 for task in ${TASKS:-copying mqar state_tracking}; do
-  timeout "${CALL_S:-540}" python3 experiments/vs_authors.py all --release .authors/selective-rope --release-commit "${RELEASE_COMMIT:-d12e825}" \
-    --tasks "$task" --seeds ${SEEDS:-0 1 2} --out "$V" > "$R/vs-$task.log" 2>&1 &
+  for seed in ${SEEDS:-0 1 2}; do
+    timeout "${CALL_S:-540}" python3 experiments/vs_authors.py all --release .authors/selective-rope --release-commit "${RELEASE_COMMIT:-d12e825}" \
+      --tasks "$task" --seeds "$seed" --out "$V" > "$R/vs-$task-$seed.log" 2>&1 &
+  done
 done
 wait
 rm -rf "$V"/ours-*/  # run folders: their results are in the per-run JSON
 python3 experiments/vs_authors.py report "$V" > "$R/vs-report.log" 2>&1
-tail -n 40 "$R"/vs-*.log
+for f in "$R"/vs-*-*.log; do echo "== $f"; tail -n 4 "$f"; done; tail -n 60 "$R/vs-report.log"
 # At most 8 files of 16 MiB come back from a call: the results and the figure in one archive.
 du -sh "$V"/* | sort -h | tail -n 5
 (cd "$R" && tar czf vs.tgz vs/*.json vs/*.png) && rm -rf "$V"
