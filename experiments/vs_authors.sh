@@ -26,7 +26,9 @@ wait
 rm -rf "$V"/ours-*/  # run folders: their results are in the per-run JSON
 python3 experiments/vs_authors.py report "$V" > "$R/vs-report.log" 2>&1
 for f in "$R"/vs-*-*.log; do echo "== $f"; tail -n 4 "$f"; done; tail -n 60 "$R/vs-report.log"
-# At most 8 files of 16 MiB come back from a call: the results and the figure in one archive.
+# At most 8 files of 16 MiB come back from a call: the results, the figure and the logs in one
+# archive, the logs moved out of $R so that nothing else counts against the eight.
 du -sh "$V"/* | sort -h | tail -n 5
-(cd "$R" && tar czf vs.tgz vs/*.json vs/*.png) && rm -rf "$V"
+mv "$R"/vs-*.log "$V/"
+(cd "$R" && tar czf vs.tgz vs/*.json vs/*.png vs/*.log) && rm -rf "$V"
 [ -f .tcache/pack.sh ] && bash .tcache/pack.sh
