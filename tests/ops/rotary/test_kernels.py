@@ -325,3 +325,47 @@ def test_backward_keeps_the_rotated_outputs_not_the_inputs(op, device):
     q_rot.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         (q_rot.float().sum() + k_rot.float().sum()).backward()
+
+
+# (B, T, Hk, R, cu_seqlens, block_t, the token given a NaN φ, scan tile): the NaN inside a
+# chunk and at a chunk's first token with the scans in one step; in a later chunk and in the
+# second packed sequence with the scans walking 2 chunks a step
+NAN_CASES = [
+    (1, 32, 1, 2, None, None, 20, None),
+    (2, 37, 2, 3, None, 8, 16, None),
+    (1, 69, 1, 2, None, 2, 50, 2),
+    (1, 23, 2, 2, [0, 9, 23], 4, 14, 2),
+]
+
+
+@pytest.mark.parametrize("case", NAN_CASES, ids=["in-chunk", "chunk-start", "many-chunks", "packed"])
+def test_a_nan_phase_reaches_no_earlier_token(case, device, monkeypatch):
+    """Causality holds for non-finite values too, as in the PyTorch path: a NaN φ at token t
+    leaves every output before t (and the other sequences) as it was, and a NaN gradient at
+    token t leaves dφ after t finite. A chunk's starting phase and a chunk's gradient carry
+    are exclusive sums, which ``inclusive - x`` would turn into NaN for the whole chunk."""
+    batch, length, key_heads, pairs, cu, block_t, bad, tile = case
+    if tile is not None:
+        monkeypatch.setattr(triton_ops, "_scan_tile", lambda chunks, block_r: {"BC": tile, "BRS": 2, "num_warps": 4})
+    inputs, cu_seqlens = make_inputs((batch, length, 2 * key_heads, key_heads, 2 * pairs + 2, pairs, cu, 0), 21, torch.float32, device)
+    q, k, phi, temperature, offset = inputs
+    clean = selective_rope_triton(q, k, phi, temperature, offset, cu_seqlens, block_t=block_t)
+    poisoned = phi.clone()
+    poisoned[:, bad] = float("nan")
+    out = selective_rope_triton(q, k, poisoned, temperature, offset, cu_seqlens, block_t=block_t)
+    first = 0 if cu is None else max(s for s in cu if s <= bad)  # the poisoned token's sequence
+    for got, want in zip(out[:2], clean[:2]):
+        assert torch.equal(got[:, :bad], want[:, :bad])
+        assert got[:, bad:].isnan().any()
+    if cu is not None:
+        after = next(s for s in cu if s > bad)
+        assert torch.equal(out[0][:, after:], clean[0][:, after:]) and first > 0
+
+    leaf = phi.clone().requires_grad_()
+    q_rot, k_rot, _ = selective_rope_triton(q, k, leaf, temperature, offset, cu_seqlens, block_t=block_t)
+    grad = torch.ones_like(q_rot)
+    grad[:, bad] = float("nan")
+    torch.autograd.backward([q_rot, k_rot], [grad, torch.ones_like(k_rot)])
+    end = length if cu is None else next(s for s in cu if s > bad)
+    assert leaf.grad[:, bad + 1 :].isfinite().all() and leaf.grad[:, first : bad + 1].isnan().any()
+    assert leaf.grad[:, :first].isfinite().all() and end > bad

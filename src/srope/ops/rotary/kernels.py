@@ -286,7 +286,9 @@ def chunk_scan_fwd_kernel(
     HAS_OFFSET: tl.constexpr, VARLEN: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Per (sequence, key head, channel block): exclusive float64 scan of the chunk sums
-    from the offset (``base``), and the final phase."""
+    from the offset (``base``), and the final phase. The exclusive scan is the inclusive scan
+    of the sums shifted by one chunk, not ``inclusive - x``: a non-finite sum would otherwise
+    reach its own chunk's starting phase and with it the chunk's earlier tokens."""
     await_predecessor(PDL)
     n, hk, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rr = rb * BRS + tl.arange(0, BRS)
@@ -296,17 +298,21 @@ def chunk_scan_fwd_kernel(
         carry = tl.load(offset + (n * Hk + hk) * R + rr, mask=mr, other=0.0).to(tl.float64)
     else:
         carry = tl.zeros([BRS], dtype=tl.float64)
-    idx = c0 + tl.arange(0, BC)
+    i = tl.arange(0, BC)
+    idx = c0 + i
     x = tl.load(sums + (idx[:, None] * Hk + hk) * R + rr[None, :], mask=(idx < c1)[:, None] & mr[None, :], other=0.0)
+    # each step's chunk before it (none for the step's first: that one is in carry)
+    prev = tl.load(sums + ((idx - 1)[:, None] * Hk + hk) * R + rr[None, :], mask=((i > 0) & (idx <= c1))[:, None] & mr[None, :], other=0.0)
     for _ in range(tl.cdiv(c1 - c0, BC)):
         # the next step's chunks are loaded before this step's scan: one memory latency per
         # sequence instead of one per step (the last step's load is masked out)
         after = idx + BC
         x_next = tl.load(sums + (after[:, None] * Hk + hk) * R + rr[None, :], mask=(after < c1)[:, None] & mr[None, :], other=0.0)
+        prev_next = tl.load(sums + ((after - 1)[:, None] * Hk + hk) * R + rr[None, :], mask=((i > 0) & (after <= c1))[:, None] & mr[None, :], other=0.0)
         m = (idx < c1)[:, None] & mr[None, :]
-        tl.store(base + (idx[:, None] * Hk + hk) * R + rr[None, :], carry[None, :] + (tl.cumsum(x, 0) - x), mask=m)
+        tl.store(base + (idx[:, None] * Hk + hk) * R + rr[None, :], carry[None, :] + tl.cumsum(prev, 0), mask=m)
         carry += tl.sum(x, 0)
-        x, idx = x_next, after
+        x, prev, idx = x_next, prev_next, after
     tl.store(final + (n * Hk + hk) * R + rr, carry, mask=mr)
 
 
@@ -421,10 +427,14 @@ def chunk_scan_bwd_kernel(
     c0, c1 = _chunk_range(n, NT, cu_chunks, VARLEN)
     carry = tl.zeros([BRS], dtype=tl.float64)
     acc = tl.zeros([BRS], dtype=tl.float64)
-    idx = c1 - BC + tl.arange(0, BC)
+    i = tl.arange(0, BC)
+    idx = c1 - BC + i
     ptr = (idx[:, None] * Hk + hk) * R + rr[None, :]
     m = (idx >= c0)[:, None] & mr[None, :]
     x = tl.load(dtotal + ptr, mask=m & TOTAL, other=0.0)
+    # each step's chunk after it (none for the step's last: that one is in carry), so that the
+    # exclusive suffix is a scan of its own and not ``inclusive - x`` (see chunk_scan_fwd_kernel)
+    nxt = tl.load(dtotal + ptr + Hk * R, mask=((i < BC - 1) & (idx + 1 >= c0))[:, None] & mr[None, :] & CARRY, other=0.0)
     part = tl.load(dtemp_part + ptr, mask=m & TEMP_GRAD, other=0.0)
     for _ in range(tl.cdiv(c1 - c0, BC)):
         # loads one step ahead, as in chunk_scan_fwd_kernel
@@ -432,14 +442,15 @@ def chunk_scan_bwd_kernel(
         ptr_next = (before[:, None] * Hk + hk) * R + rr[None, :]
         m_next = (before >= c0)[:, None] & mr[None, :]
         x_next = tl.load(dtotal + ptr_next, mask=m_next & TOTAL, other=0.0)
+        nxt_next = tl.load(dtotal + ptr_next + Hk * R, mask=((i < BC - 1) & (before + 1 >= c0))[:, None] & mr[None, :] & CARRY, other=0.0)
         part_next = tl.load(dtemp_part + ptr_next, mask=m_next & TEMP_GRAD, other=0.0)
         if CARRY:
-            tl.store(carry_out + ptr, carry[None, :] + (tl.cumsum(x, 0, reverse=True) - x), mask=m)
+            tl.store(carry_out + ptr, carry[None, :] + tl.cumsum(nxt, 0, reverse=True), mask=m)
         if TOTAL:
             carry += tl.sum(x, 0)
         if TEMP_GRAD:
             acc += tl.sum(part, 0)
-        x, part, idx, ptr, m = x_next, part_next, before, ptr_next, m_next
+        x, nxt, part, idx, ptr, m = x_next, nxt_next, part_next, before, ptr_next, m_next
     out = (n * Hk + hk) * R + rr
     if OFFSET_GRAD:
         theta = tl.load(temp + hk * temp_h + rr, mask=mr, other=0.0).to(tl.float64)
