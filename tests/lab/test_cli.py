@@ -134,6 +134,7 @@ def test_version_prints_the_package_version_without_torch():
         ["train", "--preset", "gla-tiny", "--max-steps", "3", "--position", "ropee"],
         ["synth", "mqar", "--preset", "relese"],
         ["synth", "mqr"],
+        ["synth", "--recipe", "copying-fig"],
         ["trian"],
     ],
 )

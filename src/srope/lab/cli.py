@@ -151,8 +151,9 @@ def srope_model_factory(request):
 def _synth(args: argparse.Namespace) -> int:
     from srope.lab.tasks.cli import run_synth_command
 
-    if args.out is None and args.task != "report" and not args.dry_run:
-        args.out = os.path.join(OUT, "synth", _run_name(args.task, args.preset, args.mixer, args.position))
+    if args.out is None and args.task != "report" and not (args.dry_run or args.list_recipes):
+        first = args.recipe.replace(":", "-") if args.recipe else args.task  # the recipe's run, then what the options change
+        args.out = os.path.join(OUT, "synth", _run_name(first, args.preset, args.mixer, args.position))
     return run_synth_command(args, srope_model_factory)
 
 
@@ -314,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_arguments(commands)
     add_convert_command(commands)
 
-    synth = commands.add_parser("synth", help="the paper's synthetic tasks: mqar, mad, copying, state_tracking (or 'report DIR...')")
+    synth = commands.add_parser("synth", help="the paper's synthetic tasks: mqar, mad, copying, state_tracking, or a recipe (or 'report DIR...')")
     add_synth_arguments(synth)
     synth.set_defaults(func=_synth)
 
