@@ -9,9 +9,8 @@ import shlex
 import pytest
 
 from srope.lab import recipes
-from srope.lab.cli import build_parser, main
-from srope.lab.tasks.cli import synth_request
-from srope.lab.tasks.runner import resolve_run
+from srope.lab.cli import main
+from srope.lab.tasks.cli import resolve_synth_command as resolved
 
 # The runs experiments/gpu.sh made before its stages named recipes, as it wrote them: each recipe
 # arm must resolve to the same settings (a run folder begun by one resumes under the other).
@@ -35,13 +34,6 @@ OLD_RUNS = {f"{name}:{arm}": f"{base} {ENCODINGS[arm]}" for name, (base, arms) i
 OLD_RUNS["st-gla-s2:srope-demo-encoding"] = f"{GPU_SH['st-gla-s2'][0]} --position selective_rope {DEMO_ENCODING}"
 RELEASE = {"mqar-release": "mqar --preset release", "copying-release": "copying --preset release",
            "st-release": "state_tracking --preset release", "st-release-attention": "state_tracking --preset release_attention"}  # fmt: skip
-
-
-def resolved(argv: list[str]):
-    """The task, preset and settings ``srope synth ARGV`` would run."""
-    args = build_parser().parse_args(["synth", *argv])
-    task, preset, overrides = synth_request(args)
-    return (task, *resolve_run(task, preset, overrides, args.config))
 
 
 def test_every_recipe_has_a_version_a_line_of_description_and_runs_its_flags():
@@ -128,6 +120,6 @@ def test_a_bad_recipe_file_is_refused_naming_it(text, expected, tmp_path, monkey
     assert str(error.value).startswith(f"recipe mine (mine.toml): {expected}"), error.value
 
 
-def test_a_dotted_key_is_the_set_key_and_values_read_as_the_command_line_writes_them():
-    assert recipes.flatten({"position": {"gate": "standard", "bias": True}, "seeds": [0, 1]}) == {"position.gate": "standard", "position.bias": True, "seeds": [0, 1]}
-    assert [recipes.as_text(v) for v in (True, [1e-4, 0.01], 3.141592653589793, "2-511", 7)] == ["true", "0.0001,0.01", "3.141592653589793", "2-511", "7"]
+def test_values_read_as_the_command_line_writes_them():
+    assert [recipes.as_text(v) for v in (True, [1e-4, 0.01], 3.141592653589793, "2-511", 7, {"a": 1})] == [
+        "true", "0.0001,0.01", "3.141592653589793", "2-511", "7", '{"a": 1}']

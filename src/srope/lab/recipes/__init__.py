@@ -10,17 +10,19 @@ A recipe is a TOML file in this folder, ``NAME.toml``::
     eval_batch_size = 1000
     [arms.srope-gate-bias]                       # optional: the variants the experiment compares
     position_type = "selective_rope"
-    position.gate = "per-channel"                # a dotted key is the --set key position.gate
+    "position.gate" = "per-channel"              # quoted, as in a --config file: one option
 
-A recipe stands for a command line: ``srope synth --recipe NAME:ARM ARGS`` runs what
-``srope synth`` + :meth:`Recipe.flags` + ``ARGS`` runs, so the options given with it go over its
-settings. A recipe with arms runs one arm at a time (``NAME:ARM``).
+Keys read as in a ``--config`` TOML file: a quoted ``"model.KEY"`` is one entry, a table (or an
+unquoted dotted key) the whole field. A recipe stands for a command line: ``srope synth --recipe
+NAME:ARM ARGS`` runs what ``srope synth`` + :meth:`Recipe.flags` + ``ARGS`` runs, so the options
+given with it go over its settings. A recipe with arms runs one arm at a time (``NAME:ARM``).
 
 Standard library only: ``srope synth`` reads the recipes before torch loads.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -56,7 +58,9 @@ class Recipe:
 
 
 def as_text(value: Any) -> str:
-    """A TOML value as ``--set`` writes it: lists comma-separated, booleans lower case."""
+    """A TOML value as ``--set`` writes it: lists comma-separated, booleans lower case, tables as JSON."""
+    if isinstance(value, dict):
+        return json.dumps(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
@@ -106,7 +110,7 @@ def load(spec: str) -> Recipe:
         raise ValueError(f"recipe {name} {given}: run one of {', '.join(f'{name}:{a}' for a in arms)}")
     if arm and not arms:
         raise ValueError(f"recipe {name} has no arms: run it as {name}")
-    settings = {**flatten(data.get("set", {})), **flatten(arms.get(arm, {}))}
+    settings = {**data.get("set", {}), **arms.get(arm, {})}
     return Recipe(spec, data["version"], data["description"], data["task"], data.get("preset"), settings)
 
 
@@ -124,15 +128,3 @@ def listing() -> str:
         if data.get("arms"):
             lines.append(f"  arms: {', '.join(f'{name}:{arm}' for arm in data['arms'])}")
     return "\n".join(lines)
-
-
-def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """TOML's nested tables (from dotted keys) as ``--set`` keys: ``{"position": {"gate": x}}``
-    -> ``{"position.gate": x}``."""
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out

@@ -103,6 +103,17 @@ def synth_request(args: argparse.Namespace) -> tuple[str, str | None, dict[str, 
     return recipe.task, args.preset or recipe.preset, {**recipe.settings, **overrides}
 
 
+def resolve_synth_command(argv: list[str]) -> tuple[str, str, Any]:
+    """The task, preset name and settings that ``srope synth ARGV`` runs, checked; nothing runs."""
+    from srope.lab.tasks.runner import resolve_run
+
+    parser = argparse.ArgumentParser(prog="srope synth")
+    add_synth_arguments(parser)
+    args = parser.parse_args(argv)
+    task, preset, overrides = synth_request(args)
+    return (task, *resolve_run(task, preset, overrides, args.config))
+
+
 def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     """Handle parsed ``srope synth`` arguments; ``model_factory(request) -> nn.Module``."""
     if args.list_recipes:
