@@ -110,6 +110,7 @@ def test_a_bad_recipe_name_is_one_line(argv, expected, tmp_path, capsys, monkeyp
     ('version = 1\ndescription = """two\nlines"""\ntask = "copying"', "description must be one line of text"),
     ('version = 1\ndescription = "d"\ntask = "parity"', "unknown synthetic task 'parity'"),
     ('version = 1\ndescription = "d"\ntask = "copying"\n[arms.A]\nseeds = [0]', "[arms.NAME] tables, names of lower-case letters"),
+    ('version = 1\ndescription = "d"\ntask = "copying"\nset = "seeds=0"', "[set] is a table of --set pairs"),
     ('version = = 1', "not valid TOML"),
 ])  # fmt: skip
 def test_a_bad_recipe_file_is_refused_naming_it(text, expected, tmp_path, monkeypatch):

@@ -94,6 +94,8 @@ def read(name: str) -> dict[str, Any]:
         check_task(data.get("task"), data.get("preset"))
     except (ValueError, TypeError) as error:
         raise ValueError(f"{where}: {error}") from None
+    if not isinstance(data.get("set", {}), dict):
+        raise ValueError(f"{where}: [set] is a table of --set pairs")
     arms = data.get("arms", {})
     if not isinstance(arms, dict) or not all(isinstance(a, dict) and NAME.fullmatch(n) for n, a in arms.items()):
         raise ValueError(f"{where}: [arms.NAME] tables, names of lower-case letters, digits, '-' and '_'")
