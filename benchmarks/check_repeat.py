@@ -24,19 +24,14 @@ import warnings
 import torch
 
 from common import environment, write_json
-from srope.lab import provenance
+from srope.lab import provenance, recipes
 from srope.lab.cli import srope_model_factory
 from srope.lab.tasks import autotune
 from srope.lab.tasks.common import rng_for
 from srope.lab.tasks.runner import get_task, model_request, resolve_preset, task_loss
 
-DEMO_ENCODING = {"position.projection": "full-rank", "position.conv_size": 1, "position.gate": "per-channel",
-                 "position.max_temperature": 3.141592653589793, "position.projection_gain": 8.0, "position.phase_noise": 0.1}
-CONFIGS = {  # name: (task, preset, overrides), as experiments/gpu.sh runs them
-    "st-gla-s2-srope-demo-encoding": ("state_tracking", "authors", {"position_type": "selective_rope", **DEMO_ENCODING}),
-    "st-gla-s2-srope": ("state_tracking", "authors", {"position_type": "selective_rope"}),
-    "st-gla-s2-nope": ("state_tracking", "authors", {"position_type": "nope"}),
-}
+# name: (task, preset, overrides): the GLA S2 runs of experiments/gpu.sh, as their recipes hold them
+CONFIGS = {r.folder(): (r.task, r.preset, r.settings) for r in map(recipes.load, ("st-gla-s2:srope-demo-encoding", "st-gla-s2:srope", "st-gla-s2:nope"))}
 
 
 def digest(tensors) -> str:

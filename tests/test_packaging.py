@@ -108,3 +108,17 @@ def test_make_takes_the_cpu_torch_on_linux_without_a_cuda_gpu(tmp_path):
     (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100'\n")
     (fake / "nvidia-smi").chmod(0o755)
     assert cpu not in install_lines(f"{fake}{os.pathsep}{no_gpu}")[0]  # a CUDA GPU keeps PyPI's CUDA build
+
+
+def test_the_recipes_ship_as_package_data():
+    """``srope synth --recipe`` reads src/srope/lab/recipes/*.toml: without a package-data pattern
+    that takes them, an installed srope would have no recipes."""
+    from fnmatch import fnmatch
+
+    from srope.lab import recipes
+
+    package = ROOT / "src" / "srope"
+    files = sorted((package / "lab" / "recipes").glob("*.toml"))
+    assert files and sorted(f.stem for f in files) == recipes.names()
+    for file in files:
+        assert any(fnmatch(file.relative_to(package).as_posix(), pattern) for pattern in SETUPTOOLS["package-data"]["srope"]), file

@@ -3,6 +3,7 @@ user error as one line on stderr with exit code 2 (``--debug``: the traceback)."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -134,6 +135,7 @@ def test_version_prints_the_package_version_without_torch():
         ["train", "--preset", "gla-tiny", "--max-steps", "3", "--position", "ropee"],
         ["synth", "mqar", "--preset", "relese"],
         ["synth", "mqr"],
+        ["synth", "--recipe", "copying-fig"],
         ["trian"],
     ],
 )
@@ -247,7 +249,7 @@ SYNTH_CONFIG_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("argv, cases", [(["train"], CONFIG_ERRORS), (["synth", "copying", "--dry-run"], SYNTH_CONFIG_ERRORS)])
+@pytest.mark.parametrize("argv, cases", [(["train"], CONFIG_ERRORS), (["sweep-lr"], CONFIG_ERRORS), (["synth", "copying", "--dry-run"], SYNTH_CONFIG_ERRORS)])
 def test_a_bad_config_file_is_one_line_naming_it(argv, cases, tmp_path, capsys, monkeypatch):
     """A missing file, one that is not JSON/TOML or not an object, an unknown key, a bad value or
     a file of the other command: one line naming the file (and the key), exit code 2, no run folder."""
@@ -282,3 +284,24 @@ def test_train_config_precedence_is_file_then_options_then_set(tmp_path, monkeyp
                                      model={"hidden_size": 32, "num_heads": 2})  # fmt: skip
         assert out == "out/train/gdn-tiny-rope"  # named from the settings that run
         assert main(["train", "--config", file, "--position", "nope", "--out", "a"]) == 0 and calls[-1][0].position == "nope"
+
+
+def test_sweep_lr_config_takes_back_a_sweeps_own_record_and_a_runs_settings(tmp_path, monkeypatch):
+    """srope sweep-lr --config: the sweep.json a sweep wrote gives the same settings and grid back
+    (the same sweep, to resume or to run elsewhere); a run's train_config.json gives its settings,
+    its lr left to the grid; options and --set go over the file, as for srope train."""
+    import srope.lab.train.sweep as sweep
+
+    calls, real = [], sweep.sweep_lr
+    monkeypatch.setattr(sweep, "run_one", lambda config, folder: sweep._record(config.lr, folder, "diverged", error="not run"))
+    monkeypatch.setattr(sweep, "sweep_lr", lambda config, out, lrs: calls.append((config, out, lrs)) or real(config, out, lrs, plot=False))
+    monkeypatch.chdir(tmp_path)
+    argv = ["--preset", "gla-tiny", "--max-steps", "5", "--position", "rope", "--set", "seed=3", "--set", "model.hidden_size=32", "--lrs", "1e-3,2e-3"]
+    assert main(["sweep-lr", *argv]) == 1  # no run finished: nothing chosen
+    config, out, lrs = calls[-1]
+    assert main(["sweep-lr", "--config", f"{out}/sweep.json"]) == 1
+    assert (calls[-1][0].resolved(), calls[-1][1:]) == (config.resolved(), (out, lrs))
+    (tmp_path / "train_config.json").write_text(json.dumps({**config.resolved().to_dict(), "lr": 4e-3}))
+    assert main(["sweep-lr", "--config", "train_config.json", "--lrs", "5e-4", "--max-steps", "7", "--set", "seed=4"]) == 1
+    again, again_out, again_lrs = calls[-1]
+    assert again.resolved() == dataclasses.replace(config.resolved(), lr=4e-3, max_steps=7, seed=4) and again_lrs == [5e-4]

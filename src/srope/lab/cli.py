@@ -111,7 +111,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
     if any(pair.split("=", 1)[0] == "lr" for pair in args.set or []):
         raise ValueError("sweep-lr sets lr itself: pass the grid with --lrs, not --set lr=...")
-    lrs = parse_lrs(args.lrs) if args.lrs is not None else list(PAPER_LRS)
+    grid = _config_values(args)[1]  # a sweep.json given as --config: its grid, unless --lrs
+    lrs = parse_lrs(args.lrs) if args.lrs is not None else list(PAPER_LRS) if grid is None else grid
     config = _run_config(args)
     summary = sweep_lr(config, args.out or os.path.join(OUT, "sweep", _run_name(config.preset, _position_type(config.position))), lrs)
     if os.environ.get("RANK", "0") == "0":
@@ -151,8 +152,9 @@ def srope_model_factory(request):
 def _synth(args: argparse.Namespace) -> int:
     from srope.lab.tasks.cli import run_synth_command
 
-    if args.out is None and args.task != "report" and not args.dry_run:
-        args.out = os.path.join(OUT, "synth", _run_name(args.task, args.preset, args.mixer, args.position))
+    if args.out is None and args.task != "report" and not (args.dry_run or args.list_recipes):
+        first = args.recipe.replace(":", "-") if args.recipe else args.task  # the recipe's run, then what the options change
+        args.out = os.path.join(OUT, "synth", _run_name(first, args.preset, args.mixer, args.position))
     return run_synth_command(args, srope_model_factory)
 
 
@@ -181,23 +183,33 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _add_run_arguments(parser: argparse.ArgumentParser, *, what: str, sets: str = "(repeatable)", config: bool = False) -> None:
-    """What srope train and srope sweep-lr both take to describe a run (``config``: also
-    --config FILE, which may give the preset and the steps)."""
-    if config:
-        parser.add_argument("--config", default=None, metavar="FILE",
-                            help="start from these settings: a run's train_config.json, or a JSON/TOML file of TrainConfig fields "
-                                 "(precedence: preset defaults < FILE < options < --set)")
-    parser.add_argument("--preset", required=not config, choices=model_presets, metavar="NAME",
-                        help=f"model preset: {', '.join(model_presets)} (see `srope models`)" + ("; required unless --config gives it" if config else ""))
+def _add_run_arguments(parser: argparse.ArgumentParser, *, what: str, sets: str = "(repeatable)", files: str = "a run's train_config.json") -> None:
+    """What srope train and srope sweep-lr both take to describe a run, --config FILE (``files``:
+    what it may be besides a file of TrainConfig fields) giving the preset and the steps or not."""
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help=f"start from these settings: {files}, or a JSON/TOML file of TrainConfig fields "
+                             "(precedence: preset defaults < FILE < options < --set)")
+    parser.add_argument("--preset", default=None, choices=model_presets, metavar="NAME",
+                        help=f"model preset: {', '.join(model_presets)} (see `srope models`); required unless --config gives it")
     parser.add_argument("--position", default=None, choices=positions,
                         help=f"{' | '.join(positions)} (default: selective_rope; options via --set position.KEY=VALUE)")
     parser.add_argument("--data", default=None, help="shakespeare (default) | a text/JSONL/parquet file or folder | hf:NAME[:CONFIG] | a prepared token store")
     parser.add_argument("--cache", default=None, help="data cache folder (default: $SROPE_CACHE or ~/.cache/srope)")
     parser.add_argument("--tokenizer", default=None, help="mistral-v1 (the paper's; default) or a local Hugging Face tokenizer folder (not with a token store, which has its own)")
     parser.add_argument("--val-fraction", type=_fraction, default=None, help="held-out fraction of the documents of a local or hf source, half the validation split (lr choice, evals while training), half the test split (srope eval) (default 0.01; the same as --set val_fraction=...)")
-    parser.add_argument("--max-steps", type=_positive_int, required=not config, help=what + ("; required unless --config gives it" if config else ""))
+    parser.add_argument("--max-steps", type=_positive_int, default=None, help=what + "; required unless --config gives it")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help=f"override a TrainConfig field, model.FIELD or position.OPTION {sets}")
+
+
+def _config_values(args: argparse.Namespace) -> tuple[dict, list | None]:
+    """The settings of --config FILE ({} without one) and the learning rates it gives (None): srope
+    sweep-lr also takes its own record, a sweep.json, for its base settings and its grid."""
+    from srope.lab.config import read_config_file
+
+    values = {} if args.config is None else read_config_file(args.config)
+    if args.command == "sweep-lr" and isinstance(values.get("base_config"), dict) and "runs" in values:
+        return values["base_config"], values.get("lrs")
+    return values, None
 
 
 def _run_config(args: argparse.Namespace):
@@ -206,18 +218,18 @@ def _run_config(args: argparse.Namespace):
     is named from the result); the file's settings are there to be overridden."""
     import dataclasses
 
-    from srope.lab.config import apply_overrides, read_config_file
+    from srope.lab.config import apply_overrides
     from srope.lab.overrides import parse_assignments
     from srope.lab.train.train_config import TrainConfig
 
     options = {"preset": args.preset, "position": args.position, "data": args.data, "cache": args.cache, "tokenizer": args.tokenizer,
                "val_fraction": args.val_fraction, "max_steps": args.max_steps}  # fmt: skip
     given = {key: value for key, value in options.items() if value is not None}
-    file = getattr(args, "config", None)
-    values = {} if file is None else read_config_file(file)
+    file = args.config
+    values = _config_values(args)[0]
     config = TrainConfig() if file is None else TrainConfig.from_file(values, file)
     sets = parse_assignments(args.set)
-    for key in ("preset", "max_steps"):  # what a run cannot default (srope sweep-lr's parser requires the options)
+    for key in ("preset", "max_steps"):  # what a run cannot default
         if key not in given and key not in sets and key not in values:
             where = f": --config {file} does not give {key}" if file else " (or a --config FILE that gives it)"
             raise ValueError(f"--{key.replace('_', '-')} is required{where}")
@@ -239,7 +251,7 @@ def _add_train(commands) -> None:
         description="Train a model preset on a corpus. A plain .txt file is split into documents at blank lines "
         "(long paragraphs in chunks); a held-out fraction of the documents (--val-fraction) is split between the validation and test splits.",
     )
-    _add_run_arguments(train, what="optimiser steps of the whole run (fixes the schedule)", config=True)
+    _add_run_arguments(train, what="optimiser steps of the whole run (fixes the schedule)")
     train.add_argument("--out", default=None, help=f"run folder: checkpoints, metrics.jsonl, tensorboard, model/ (default: {OUT}/train/PRESET-POSITION)")
     train.add_argument("--stop-after", type=_positive_int, default=None, help="stop after this step with a checkpoint (continue with --resume)")
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
@@ -253,7 +265,8 @@ def _add_sweep(commands) -> None:
         description="One `srope train` run per learning rate into OUT/lr_<value>/, then OUT/sweep.json and OUT/sweep.png. "
         "Run it again with the same arguments to resume: finished and diverged runs are skipped.",
     )
-    _add_run_arguments(sweep, what="optimiser steps of every run", sets="(repeatable; not lr)")
+    _add_run_arguments(sweep, what="optimiser steps of every run", sets="(repeatable; not lr)",
+                       files="a sweep's sweep.json (its base settings and grid) or a run's train_config.json (its lr is the grid's)")
     sweep.add_argument("--out", default=None, help=f"sweep folder (default: {OUT}/sweep/PRESET-POSITION)")
     sweep.add_argument("--lrs", default=None, help="comma-separated peak learning rates (default: the paper's grid 5e-4,1e-3,2e-3,4e-3,8e-3,1.6e-2)")
     sweep.set_defaults(func=_sweep)
@@ -314,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_arguments(commands)
     add_convert_command(commands)
 
-    synth = commands.add_parser("synth", help="the paper's synthetic tasks: mqar, mad, copying, state_tracking (or 'report DIR...')")
+    synth = commands.add_parser("synth", help="the paper's synthetic tasks: mqar, mad, copying, state_tracking, or a recipe (or 'report DIR...')")
     add_synth_arguments(synth)
     synth.set_defaults(func=_synth)
 

@@ -3,6 +3,8 @@
     srope synth TASK [--preset NAME] [--config FILE] [--mixer M] [--position P] [--set KEY=VALUE ...] --out DIR
                      [--jobs N] [--stop-after-steps K] [--resume]
     srope synth TASK ... --dry-run          # print the resolved preset and settings, run nothing
+    srope synth --recipe NAME[:ARM] [options as above]
+    srope synth --list-recipes
     srope synth report DIR [DIR ...] [--out FILE]
 
 ``--jobs N`` trains N of the sweep's runs at once in worker processes; ``--resume``
@@ -15,6 +17,10 @@ second ``srope synth`` into a folder in use is refused, naming the pid that hold
 config and the selected position encoding's options. ``--config FILE`` (a sweep's
 ``results.json`` or a hand-written JSON/TOML file) comes between the preset and them:
 preset < FILE < ``--mixer``/``--position`` < ``--set``.
+
+``--recipe NAME[:ARM]`` is a named, versioned run of the paper (:mod:`srope.lab.recipes`): its
+task, preset and ``--set`` pairs, as if given before the command's own options, which go over
+them.
 """
 
 from __future__ import annotations
@@ -29,9 +35,15 @@ from srope.registry import mixers, positions
 
 
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("task", help=f"one of: {', '.join(tasks)}; or 'report' to tabulate result folders")
+    from srope.lab import recipes
+
+    parser.add_argument("task", nargs="?", default=None, help=f"one of: {', '.join(tasks)}; or 'report' to tabulate result folders (not needed with --recipe)")
     parser.add_argument("dirs", nargs="*", help="(report) result folders to compare")
     parser.add_argument("--preset", default=None, help="task preset: cpu (small, under a minute on 2 cores), paper, and the task's own (mqar: zoology; copying, state_tracking: authors; state_tracking also paper_a3); --dry-run lists them")
+    parser.add_argument("--recipe", default=None, metavar="NAME[:ARM]",
+                        help=f"a named, versioned run of the paper ({', '.join(recipes.names())}; --list-recipes shows their arms): "
+                             "its task, preset and --set pairs, under the options given here")
+    parser.add_argument("--list-recipes", action="store_true", help="list the recipes (name, version, description, arms) and exit")
     parser.add_argument("--mixer", default=None, help=f"token mixer ({', '.join(mixers)}); default: the preset's")
     parser.add_argument("--position", default=None, choices=positions, help="position encoding; default: the preset's (selective_rope)")
     parser.add_argument("--config", default=None, metavar="FILE",
@@ -72,10 +84,45 @@ def synth_overrides(args: argparse.Namespace) -> dict[str, str]:
     return overrides
 
 
+def synth_request(args: argparse.Namespace) -> tuple[str, str | None, dict[str, Any]]:
+    """The task, preset and overrides that parsed ``srope synth`` arguments ask for: a
+    ``--recipe``'s task, preset and settings with the command's ``--preset``, ``--mixer``,
+    ``--position`` and ``--set`` over them. Checked before torch loads."""
+    overrides = synth_overrides(args)
+    if args.recipe is None:
+        if args.task is None:
+            raise ValueError(f"give a task ({', '.join(tasks)}), --recipe NAME or --list-recipes")
+        check_task(args.task, args.preset)
+        return args.task, args.preset, overrides
+    from srope.lab import recipes
+
+    recipe = recipes.load(args.recipe)
+    if args.task not in (None, recipe.task):
+        raise ValueError(f"--recipe {args.recipe} is a {recipe.task} run, not {args.task}")
+    check_task(recipe.task, args.preset)
+    return recipe.task, args.preset or recipe.preset, {**recipe.settings, **overrides}
+
+
+def resolve_synth_command(argv: list[str]) -> tuple[str, str, Any]:
+    """The task, preset name and settings that ``srope synth ARGV`` runs, checked; nothing runs."""
+    from srope.lab.tasks.runner import resolve_run
+
+    parser = argparse.ArgumentParser(prog="srope synth")
+    add_synth_arguments(parser)
+    args = parser.parse_args(argv)
+    task, preset, overrides = synth_request(args)
+    return (task, *resolve_run(task, preset, overrides, args.config))
+
+
 def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     """Handle parsed ``srope synth`` arguments; ``model_factory(request) -> nn.Module``."""
+    if args.list_recipes:
+        from srope.lab import recipes
+
+        print(recipes.listing())
+        return 0
     if args.task != "report":
-        check_task(args.task, args.preset)  # a misspelt name is refused before torch loads
+        task, preset, overrides = synth_request(args)  # a misspelt name is refused before torch loads
     from srope.lab.tasks.runner import get_task, presets_line, report, resolve_preset, run_synthetic
 
     if args.task == "report":
@@ -90,11 +137,15 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
         return 0
     if args.dirs:
         raise ValueError(f"unexpected arguments {args.dirs} (only `srope synth report` takes folders)")
-    overrides = synth_overrides(args)
-    cfg = resolve_preset(args.task, args.preset, overrides, args.config)
+    cfg = resolve_preset(task, preset, overrides, args.config)
     if args.dry_run:
-        settings = get_task(args.task).settings(cfg)
-        print(presets_line(args.task))
+        settings = get_task(task).settings(cfg)
+        if args.recipe:
+            from srope.lab import recipes
+
+            recipe = recipes.load(args.recipe)
+            print(f"recipe {recipe.name} (version {recipe.version}): srope synth {' '.join(recipe.flags())}")
+        print(presets_line(task))
         print(json.dumps(cfg.to_dict(), indent=1))
         print(f"{len(settings)} settings x {len(cfg.lrs) * len(cfg.weight_decays) * len(cfg.seeds)} runs each:")
         for s in settings:
@@ -103,7 +154,7 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     if not args.out:
         raise ValueError("--out DIR is required")
     cache = None if args.cache_dir in ("", "none") else args.cache_dir
-    results = run_synthetic(args.task, model_factory, out=args.out, overrides=overrides, preset=args.preset, device=args.device,
+    results = run_synthetic(task, model_factory, out=args.out, overrides=overrides, preset=preset, device=args.device,
                             cache_dir=cache, label=args.label, progress=not args.no_progress, resume=args.resume, jobs=args.jobs,
                             stop_after_steps=args.stop_after_steps, autotune=args.autotune, config=args.config)
     print(report([args.out]))

@@ -87,11 +87,10 @@ class CopyingPreset(TaskConfig):
     threads: int = 0  # torch's CPU threads for the run (0: torch's default)
 
 
-# ``cpu``: strings of 2-8 letters in under a minute per position encoding on a 2-core CPU:
-# the authors' protocol, model options and position options at a smaller scale (2 layers of
-# width 64, 4 heads; 40-character training contexts; 450 steps of batch 40), evaluated at
-# lengths 2-16, i.e. up to twice the longest training string. It does not reproduce the
-# paper's effect (what it gives: docs/reports/*-cpu-presets.md).
+# ``cpu``: strings of 2-8 letters, small enough for a laptop CPU: the authors' protocol, model
+# options and position options at a smaller scale (2 layers of width 64, 4 heads; 40-character
+# training contexts; 450 steps of batch 40), evaluated at lengths 2-16, i.e. up to twice the
+# longest training string. Its times and results: docs/reports/2026-12-07-preset-notes.md.
 CPU = CopyingPreset(
     context_len=40, min_len=2, max_len=8, steps=450, batch_size=40, eval_lengths="2-16", eval_examples=200, eval_batch_size=200, seeds=(0,),
     threads=1,

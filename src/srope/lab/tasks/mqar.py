@@ -91,13 +91,12 @@ class MQARPreset(TaskConfig):
     threads: int = 0  # torch's CPU threads for the run (0: torch's default)
 
 
-# ``cpu``: Zoology's smallest configuration (64 tokens, 4 key-value pairs) at width 64 in under
-# a minute per position encoding on a 2-core CPU: vocabulary 128 (the smallest above the
-# length), 3,600 training examples for 4 epochs in batches of 32 (452 steps), one of
-# Zoology's learning rates. The GLA gets its short conv (Zoology's model puts a BaseConv layer
-# before its GLA layer; the ``zoology`` preset has neither): recall forms only after a
-# plateau, which the conv shortens. It does not reproduce the paper's effect (what it gives:
-# docs/reports/*-cpu-presets.md).
+# ``cpu``: Zoology's smallest configuration (64 tokens, 4 key-value pairs) at width 64, small
+# enough for a laptop CPU: vocabulary 128 (the smallest above the length), 3,600 training
+# examples for 4 epochs in batches of 32 (452 steps), one of Zoology's learning rates. The GLA
+# gets its short conv (Zoology's model puts a BaseConv layer before its GLA layer; the
+# ``zoology`` preset has neither): it shortens the plateau before recall forms. Its times and
+# results: docs/reports/2026-12-07-preset-notes.md.
 CPU = MQARPreset(
     vocab=128, configs=("64x4",), d_models=(64,), train_examples=3_600, test_examples=500, lrs=(ZOOLOGY_LRS[2],), batch_size=32, epochs=4,
     threads=1, model={"num_hidden_layers": 2, "num_heads": 2, "use_short_conv": True},
