@@ -29,8 +29,8 @@ HOSTS = {
     "attention": (Attention, dict(num_heads=16)),
 }
 POSITIONS = position_configs(rope={"theta": 500000.0})
-# GLA + Selective RoPE once more on PyTorch's routes (srope.backend "torch": generator and
-# rotation without srope's kernels): what the kernels save, in the same run.
+# GLA + Selective RoPE once more with the generator and rotation on PyTorch's routes and fla's
+# pieces as before (srope.backend "fla"): what srope's kernels save, in the same run.
 TORCH = "selective_rope_torch"
 
 
@@ -131,7 +131,7 @@ def main() -> int:
         for name, position in runs:
             torch.manual_seed(0)
             record = {"host": host, "position": name}
-            mode = "torch" if name == TORCH else "auto"
+            mode = "fla" if name == TORCH else "auto"
             try:
                 with backend.use(mode):
                     layer = build(host, position, hidden, args.dry_run, device)

@@ -6,9 +6,9 @@ shape drawn by the task itself, and the runner's step (the preset's initialisati
 over the vocabulary, AdamW): the batch's host time, the step's wall time (median of
 ``--steps``, synchronised), with the head at the scored positions only (``--set
 head_at_targets=on``), on CUDA also as a CUDA graph (``--set cuda_graph=on``) with and
-without it, the eager step's GPU kernel time and its top kernels. ``--pieces`` runs each
-configuration with the host's norms and SwiGLU from fla (``auto``, the default path) and from
-PyTorch (``torch``), side by side in one process.
+without it, the eager step's GPU kernel time and its top kernels. ``--backend`` runs each
+configuration under each :mod:`srope.backend` setting named (default ``auto``, srope's and
+fla's kernels, and ``torch``, PyTorch everywhere), side by side in one process.
 
     python benchmarks/profile_synth.py --out out/bench/profile_synth.json
 """
@@ -23,12 +23,11 @@ import torch
 
 from bench_op import kernel_time
 from common import environment, write_json
+from srope import backend
 from srope.lab import provenance
 from srope.lab.cli import srope_model_factory
 from srope.lab.graphed import graphed_optimizer_step
 from srope.lab.loop import optimizer_step
-from srope.layers.common import RMSNorm
-from srope.models.modeling import SwiGLU
 from srope.lab.tasks import numerics
 from srope.lab.tasks.common import rng_for
 from srope.lab.tasks.runner import get_task, model_request, resolve_preset, scored_positions, task_loss
@@ -69,7 +68,7 @@ def median_ms(step, steps: int, device: torch.device, warmup: int = 2) -> float:
     return round(float(np.median(times)), 2)
 
 
-def build_step(task: str, preset: str, overrides: dict, device: torch.device, batch: int | None, pieces: str = "auto"):
+def build_step(task: str, preset: str, overrides: dict, device: torch.device, batch: int | None):
     """The model, optimiser, loss and one real batch of a configuration, as the runner builds
     them; also the batch's host milliseconds."""
     if batch:
@@ -88,17 +87,14 @@ def build_step(task: str, preset: str, overrides: dict, device: torch.device, ba
     model = srope_model_factory(model_request(task, cfg, setting))
     numerics.initialise(model, cfg.init)
     model = numerics.store(model, cfg.precision).to(device)
-    for part in model.modules():
-        if isinstance(part, (RMSNorm, SwiGLU)):
-            part.backend = pieces
     optimizer = adamw(model.parameters(), lr=1e-4)  # as the runner
     x, y = torch.as_tensor(x_np, device=device), torch.as_tensor(y_np, device=device)
     loss = task_loss(model, setting.vocab_size, device, cfg.precision)
     return model, optimizer, loss, x, y, scored_positions(y_np, device), host_ms
 
 
-def step_profile(task: str, preset: str, overrides: dict, device: torch.device, steps: int, batch: int | None, pieces: str) -> dict:
-    model, optimizer, loss, x, y, scored, host_ms = build_step(task, preset, overrides, device, batch, pieces)
+def step_profile(task: str, preset: str, overrides: dict, device: torch.device, steps: int, batch: int | None) -> dict:
+    model, optimizer, loss, x, y, scored, host_ms = build_step(task, preset, overrides, device, batch)
     eager = optimizer_step(model, optimizer, loss)
 
     def step():
@@ -130,17 +126,18 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", choices=sorted(CONFIGS), help="configurations (default: all)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=None, help="a smaller batch than the protocol's (for a CPU smoke run)")
-    parser.add_argument("--pieces", nargs="+", choices=["auto", "torch"], default=["auto", "torch"],
-                        help="where the host's norms and SwiGLU come from: auto (fla on CUDA) and/or torch")
+    parser.add_argument("--backend", nargs="+", choices=backend.BACKENDS, default=["auto", "torch"],
+                        help="srope.backend settings, each a run of every configuration")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device(args.device)
     results, source = {}, provenance.commit()
     for name in args.only or CONFIGS:
-        for pieces in args.pieces:
-            key = f"{name}/{pieces}"
-            results[key] = step_profile(*CONFIGS[name], device, args.steps, args.batch, pieces)
+        for setting in args.backend:
+            key = f"{name}/{setting}"
+            with backend.use(setting):
+                results[key] = step_profile(*CONFIGS[name], device, args.steps, args.batch)
             print(key, {k: v for k, v in results[key].items() if k != "kernels"}, flush=True)
             # after every configuration: a call's time limit that cuts the run keeps what it measured
             write_json(args.out, {"provenance": provenance.record(source=source), "environment": environment(), "configs": results})

@@ -24,7 +24,7 @@
 #   scaling     torchrun srope train on 1 and 2 GPUs, DDP and FSDP2 (benchmarks/bench_scaling.py;
 #               SCALING_ARGS adds e.g. --jobs), on a machine of several GPUs
 #   fused       the host's fused norms and SwiGLU (srope.ops.fused) against float64 on the GPU,
-#               then the synthetic protocols' training steps with fla's and PyTorch's pieces
+#               then the synthetic protocols' training steps under srope.backend auto and torch
 #   synth       the synthetic protocols' training steps (benchmarks/profile_synth.py, PROFILE_ONLY:
 #               configurations, default MQAR 512x64 at d 64 and 512): eager, as a CUDA graph,
 #               with the head at the targets only; autotuning as the mqar runs (first candidate)
@@ -48,7 +48,7 @@ for stage in "$@"; do
     layers)
       run "${LAYER_LIMIT:-240}" python3 benchmarks/bench_layer.py --out "$R/layer.json"
       run "${PROFILE_LIMIT:-150}" python3 benchmarks/profile_layer.py --python --out "$R/profile_layer.json" ;;
-    synth) SROPE_AUTOTUNE=${AUTOTUNE:-first} run "${SYNTH_LIMIT:-300}" python3 benchmarks/profile_synth.py --pieces auto \
+    synth) SROPE_AUTOTUNE=${AUTOTUNE:-first} run "${SYNTH_LIMIT:-300}" python3 benchmarks/profile_synth.py --backend auto \
       --only ${PROFILE_ONLY:-mqar-512x64-d64-srope mqar-512x64-d512-srope} --out "$R/profile_synth.json" ;;
     host) run "${HOST_LIMIT:-120}" python3 benchmarks/bench_host.py --out "$R/host.json" ${HOST_ARGS:-} ;;
     ops) run "${OP_LIMIT:-300}" python3 benchmarks/bench_op.py --out "$R/op.json" ;;

@@ -53,7 +53,7 @@ mqar_chain() {
 # PROBE=1: before the chain, where MQAR's step spends its time and how many steps 1 and 3 runs
 # at once make, time-sliced and under the MPS daemon (which stays on for the chain when MPS=1).
 probe() {
-  python3 benchmarks/profile_synth.py --only mqar-release-512x64-d64-srope mqar-release-512x64-d128-srope --pieces auto --steps 20 \
+  python3 benchmarks/profile_synth.py --only mqar-release-512x64-d64-srope mqar-release-512x64-d128-srope --backend auto --steps 20 \
     --out "$R/profile-mqar.json" 2>&1 | grep -v Warning
   python3 benchmarks/bench_concurrent.py --only mqar-release-512x64-d64-srope --processes 1 3 --out "$R/concurrent-timesliced.json"
   mps_on && python3 benchmarks/bench_concurrent.py --only mqar-release-512x64-d64-srope --processes 3 6 --out "$R/concurrent-mps.json"

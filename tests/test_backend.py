@@ -1,4 +1,4 @@
-"""``srope.backend``: one setting for where srope's kernels run."""
+"""``srope.backend``: one setting for where srope's and fla's kernels run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from srope import backend
 from srope.modules import SelectiveRoPE
-from srope.ops import selective_rope
+from srope.ops import gla, selective_rope
 from tests.helpers import rel_err
 
 
@@ -27,11 +27,21 @@ def test_use_sets_and_restores_also_on_errors():
     assert backend.get() == "auto"
 
 
-def test_kernels_and_op_backend_follow_the_setting():
+def test_kernels_and_op_backends_follow_the_setting():
     cpu = torch.zeros(1)
     assert not backend.kernels(cpu) and backend.op_backend() == "auto" and backend.op_backend("torch") == "torch"
+    assert backend.fla_backend() == "auto" and backend.fla_backend("torch") == "torch"
     with backend.use("torch"):
         assert not backend.kernels(cpu) and backend.op_backend() == "torch" and backend.op_backend("triton") == "triton"
+        assert backend.fla_backend() == "torch" and backend.fla_backend("fla") == "fla"
+    with backend.use("fla"):  # fla's pieces as under auto, srope's kernels nowhere
+        assert not backend.kernels(cpu) and backend.op_backend() == "torch" and backend.fla_backend() == "auto"
+
+
+def test_an_explicit_op_backend_wins_over_the_setting():
+    q = torch.randn(1, 3, 1, 4)
+    with backend.use("torch"), pytest.raises(ValueError, match="needs CUDA tensors"):
+        gla(q, q, q, -torch.rand(1, 3, 1, 4), backend="fla")
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="checks the error without the interpreter")

@@ -23,6 +23,24 @@ def test_copy_all_refuses_lists_of_different_lengths():
         _copy_all([torch.zeros(1)], [torch.zeros(1), torch.zeros(1)])
 
 
+def test_graphs_are_kept_per_backend_setting(monkeypatch):
+    """A graph replays the kernels it captured: a step under another srope.backend setting
+    captures its own (the capture itself needs CUDA; here it is stood in for)."""
+    from types import SimpleNamespace
+
+    from srope import backend
+    from srope.models import graphed_decode
+
+    monkeypatch.setattr(graphed_decode, "_DecodeGraph", lambda *args: SimpleNamespace(step=lambda ids, cache: args[3]))
+    model = torch.nn.Module()
+    graphs, cache = graphed_decode.DecodeGraphs(model), SimpleNamespace(layers=[])
+    graphs.step(torch.zeros(2, 1, dtype=torch.long), cache)
+    with backend.use("torch"):
+        graphs.step(torch.zeros(2, 1, dtype=torch.long), cache)
+    graphs.step(torch.zeros(2, 1, dtype=torch.long), cache)
+    assert sorted(key[2] for key in graphs.graphs) == ["auto", "torch"]
+
+
 def test_a_model_is_freed_when_its_last_reference_goes():
     """The model owns its DecodeGraphs, which refers back to it weakly: a strong reference
     would make a cycle, and a deleted model would keep its (device) memory until the garbage

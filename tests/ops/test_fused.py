@@ -5,6 +5,7 @@ backward, in the dtypes a training step gives them."""
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -150,15 +151,15 @@ def test_fla_swiglu_matches_float64(shape, dtype):
 @pytest.mark.parametrize("mixer", ["gla", "gated_deltanet"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_model_step_with_fla_pieces_is_as_accurate_as_the_torch_pieces(mixer):
+def test_model_step_with_fla_pieces_is_as_accurate_as_the_torch_pieces(mixer, monkeypatch):
     """A bf16-autocast training step of a whole model with fla's norms and SwiGLU, and with the
     PyTorch pieces, each against the same model's float64 step on the CPU: fla's loss and every
     parameter gradient are no further from float64 than bf16 rounding puts the PyTorch pieces.
     (The two bf16 steps differ from each other by a few percent on the small gradients of some
     parameters, so comparing them with each other says nothing.)"""
     _fla_or_skip()
-    from srope.models import SRopeConfig, SRopeForCausalLM
-    from srope.models.modeling import SwiGLU
+    from srope.layers import common as layers
+    from srope.models import SRopeConfig, SRopeForCausalLM, modeling
 
     torch.manual_seed(0)
     config = SRopeConfig(mixer=mixer, hidden_size=256, num_hidden_layers=2, num_heads=4, vocab_size=300, position="selective_rope")
@@ -171,9 +172,10 @@ def test_model_step_with_fla_pieces_is_as_accurate_as_the_torch_pieces(mixer):
     model, ids = model.cuda(), ids.cuda()
     errors = {}
     for backend in ("fla", "torch"):
-        for module in model.modules():
-            if isinstance(module, (RMSNorm, SwiGLU)):
-                module.backend = backend
+        # the pieces alone take each route: srope.backend would move the mixers too
+        monkeypatch.setattr(layers, "rms_norm", functools.partial(rms_norm, backend=backend))
+        monkeypatch.setattr(layers, "rms_norm_gated", functools.partial(rms_norm_gated, backend=backend))
+        monkeypatch.setattr(modeling, "swiglu", functools.partial(swiglu, backend=backend))
         model.zero_grad()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss

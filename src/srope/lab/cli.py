@@ -57,11 +57,11 @@ def _info(args: argparse.Namespace) -> int:
     import torch
 
     import srope
-    from srope.ops import BACKENDS
+    from srope import backend
 
     print(f"srope {srope.__version__} | python {platform.python_version()} | torch {torch.__version__}")
     print(f"cuda available: {torch.cuda.is_available()}" + (f" ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else ""))
-    print(f"rotary backends: {', '.join(BACKENDS)}")
+    print(f"srope.backend: {backend.get()} (settings: {', '.join(backend.BACKENDS)})")
     return 0
 
 

@@ -76,12 +76,10 @@ class QKVConvolutions(nn.Module):
 class RMSNorm(nn.RMSNorm):
     """``nn.RMSNorm`` (same parameters and state dict) run by :func:`srope.ops.fused.rms_norm`:
     one fla kernel on CUDA. ``norm(x, residual=h)`` returns ``(norm(h + x), h + x)`` with the
-    add fused in. ``backend``: ``"auto"``, ``"torch"`` or ``"fla"``."""
-
-    backend: str = "auto"
+    add fused in (where :mod:`srope.backend` allows fla)."""
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return rms_norm(x, self.weight, self.eps, residual=residual, backend=self.backend)
+        return rms_norm(x, self.weight, self.eps, residual=residual)
 
 
 class GatedRMSNorm(nn.Module):
@@ -92,7 +90,7 @@ class GatedRMSNorm(nn.Module):
         self.norm = RMSNorm(dim, eps=eps)
 
     def forward(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        return rms_norm_gated(o, gate, self.norm.weight, self.norm.eps, backend=self.norm.backend)
+        return rms_norm_gated(o, gate, self.norm.weight, self.norm.eps)
 
 
 class MixerLayer(nn.Module):

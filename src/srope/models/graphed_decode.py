@@ -12,7 +12,8 @@ Used when: CUDA, no autograd, eval mode, one new token per row, a cache from a p
 (prefill) whose every layer has a fixed-size state, and no padding in the new column (the
 columns ``generate`` appends are real tokens; padding of the prompt lives in the state).
 Anything else runs eagerly. ``model.decode_graphs = False`` turns it off. Graphs are kept per
-batch size, autocast dtype and state layout.
+batch size, autocast dtype, :mod:`srope.backend` setting (a graph replays the kernels it
+captured) and state layout.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import weakref
 
 import torch
 
+from srope import backend as srope_backend
 from srope.models.cache import CACHE_FIELD, SRopeCache
 from srope.registry import mixers
 
@@ -53,7 +55,8 @@ def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
 
 
 class DecodeGraphs:
-    """The captured decoding steps of one model, by batch size, autocast dtype and state layout."""
+    """The captured decoding steps of one model, by batch size, autocast dtype, backend setting
+    and state layout."""
 
     def __init__(self, model):
         # the model holds this object: a strong reference back would be a cycle, and a model
@@ -91,7 +94,7 @@ class DecodeGraphs:
 
     def step(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
-        key = (input_ids.shape[0], dtype, _layout(cache.layers))
+        key = (input_ids.shape[0], dtype, srope_backend.get(), _layout(cache.layers))
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = _DecodeGraph(self.model, cache, input_ids.shape[0], dtype)

@@ -36,8 +36,6 @@ def build_mixer(config: SRopeConfig) -> nn.Module:
 
 
 class SwiGLU(nn.Module):
-    backend: str = "auto"  # of srope.ops.fused.swiglu
-
     def __init__(self, hidden_size: int, inner_size: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, inner_size, bias=False)
@@ -45,7 +43,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(inner_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), backend=self.backend))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 class SRopeBlock(GradientCheckpointingLayer):

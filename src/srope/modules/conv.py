@@ -7,7 +7,6 @@ import math
 import torch
 from torch import nn
 
-from srope import backend as srope_backend
 from srope.ops.conv import ACTIVATIONS, short_conv
 from srope.ops.layout import RowLayout
 
@@ -18,12 +17,10 @@ class ShortConvolution(nn.Module):
     ``forward`` takes the batch's :class:`RowLayout` so that padded tokens are invisible
     and packed sequences restart, and carries ``state [N, C, W-1]`` (the last ``W-1``
     inputs of every sequence) for chunked prefill and decoding. The weight layout is
-    ``nn.Conv1d``'s depthwise ``[C, 1, W]``, the current token last. ``backend`` chooses the
-    implementation (:func:`srope.ops.conv.short_conv`: ``"auto"`` takes fla's Triton kernel
-    on CUDA).
+    ``nn.Conv1d``'s depthwise ``[C, 1, W]``, the current token last. It runs
+    :func:`srope.ops.conv.short_conv`, which takes fla's Triton kernel on CUDA where
+    :mod:`srope.backend` allows it.
     """
-
-    backend = "auto"
 
     def __init__(self, channels: int, kernel_size: int = 4, activation: str | None = None, bias: bool = False):
         super().__init__()
@@ -59,8 +56,7 @@ class ShortConvolution(nn.Module):
         """``(y, final state)``, the state None without ``want_state``; ``activate=False``
         leaves the activation to the caller."""
         activation = self.activation if activate else None
-        choice = "torch" if srope_backend.get() == "torch" else self.backend
-        return short_conv(x, self.kernel(x.device), layout, state, self.bias, activation, choice, want_state=want_state)
+        return short_conv(x, self.kernel(x.device), layout, state, self.bias, activation, want_state=want_state)
 
     def extra_repr(self) -> str:
         return f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}"

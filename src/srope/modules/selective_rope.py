@@ -175,9 +175,6 @@ class SelectiveRoPE(PositionEncoding):
             self.gate = None
         self.bias = nn.Parameter(torch.zeros(num_heads, self.pairs)) if bias else None
         self.learned_temperature = nn.Parameter(torch.empty(num_heads, self.pairs)) if learnable_temperature else None
-        # Cached one-token steps on CUDA (no grad) take the fused Triton kernel; set False to
-        # run the step through the unfused path (the tests compare the two).
-        self.fused_decode = True
         for param in (self.bias, self.learned_temperature, getattr(self, "proj_gain", None)):
             if param is not None:
                 param._no_weight_decay = True
@@ -415,7 +412,7 @@ class SelectiveRoPE(PositionEncoding):
             self.check_state(state, SelectiveRoPEState, {"conv": width, "phase": (count, self.num_heads, self.pairs)})
             conv_state = state.conv
             if (
-                self.fused_decode and x.shape[1] == 1 and cu_seqlens is None and attention_mask is None
+                x.shape[1] == 1 and cu_seqlens is None and attention_mask is None
                 and not torch.is_grad_enabled() and backend.kernels(x) and not self.adapted()
             ):
                 return Angles(autocast_input(x), tuple(x.shape[:2]), count, cu_seqlens, state, use_cache, _DecodeStep(x))

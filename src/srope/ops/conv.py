@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from srope import backend as srope_backend
 from srope.ops.layout import RowLayout
 
 ACTIVATIONS = {None: None, "silu": F.silu, "swish": F.silu}
@@ -108,11 +109,12 @@ def short_conv(
 
     ``backend``: ``"torch"`` (:func:`causal_conv`), ``"fla"`` (fla's Triton kernel; CUDA
     only) or ``"auto"`` (fla where it can run and is installed, for calls of at least
-    :data:`FLA_MIN_TOKENS` tokens)."""
+    :data:`FLA_MIN_TOKENS` tokens; PyTorch under ``srope.backend.use("torch")``)."""
     from srope.ops.mixers._common import fla_ops
 
     if backend not in CONV_BACKENDS:
         raise ValueError(f"backend must be one of {CONV_BACKENDS}, got {backend!r}")
+    backend = srope_backend.fla_backend(backend)
     width = weight.shape[-1]
     problem = fla_conv_problem(x, weight, state)
     wanted = backend == "fla" or backend == "auto" and x.shape[1] >= FLA_MIN_TOKENS

@@ -7,8 +7,9 @@ unfused expression (in float32 for the norms). Elsewhere, and while ``torch.comp
 (inductor fuses the PyTorch expression itself), they are the PyTorch expression.
 
 ``backend``: ``"auto"`` (fla where it can run; for the norms only in gradient steps and
-decode-sized calls, see :data:`NORM_INFERENCE_MAX_ROWS`), ``"torch"`` or ``"fla"`` (raises
-where fla cannot run the call). Under autocast, where fla fuses the residual add the normalised output
+decode-sized calls, see :data:`NORM_INFERENCE_MAX_ROWS`; PyTorch under
+``srope.backend.use("torch")``), ``"torch"`` or ``"fla"`` (raises where fla cannot run the
+call). Under autocast, where fla fuses the residual add the normalised output
 comes out in the dtype of ``x`` (the autocast dtype) rather than float32: the same values,
 rounded once, as the linear map that reads them would round them.
 """
@@ -30,7 +31,7 @@ NORM_INFERENCE_MAX_ROWS = 2048
 
 def _fla(backend: str, *tensors: torch.Tensor, norm: bool = False):
     """fla's ops when they should run this call, else None."""
-    check_backend(backend)
+    backend = check_backend(backend)
     if backend == "torch" or torch.compiler.is_compiling():
         return None
     x = tensors[0]

@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from srope import backend
 from srope.modules import SelectiveRoPE
 from srope.ops import rope, selective_rope
 from srope.ops.rotary import naive as reference
@@ -116,13 +117,10 @@ def fused_decode_step(module, q, k, x, state):
 
 
 def unfused_step(module, q, k, x, state):
-    """The same step through the module's unfused path (the reference for the fused one;
+    """The same step through the module's PyTorch route (the reference for the fused one;
     on CUDA the module would otherwise take the fused kernel itself)."""
-    module.fused_decode = False
-    try:
+    with backend.use("torch"):
         return module(q, k, x, state=state, use_cache=True)
-    finally:
-        module.fused_decode = True
 
 
 def decode_errors(dtype: torch.dtype) -> dict:

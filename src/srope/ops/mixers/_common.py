@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import torch
 
+from srope import backend as srope_backend
 from srope.ops.checks import check_backend as _check_backend
 from srope.ops.checks import check_cu_seqlens, check_tensor  # noqa: F401  (re-exported for the mixers)
 from srope.ops.checks import check_device as check_same_device  # noqa: F401
@@ -42,8 +43,11 @@ def warn_once(key: str, message: str) -> None:
 # ----------------------------------------------------------------------------------------
 
 
-def check_backend(backend) -> None:
+def check_backend(backend) -> str:
+    """What a call with ``backend`` runs: the argument, or under ``"auto"`` what
+    :mod:`srope.backend` sets (``"torch"`` there keeps fla out)."""
     _check_backend(backend, MIXER_BACKENDS)
+    return srope_backend.fla_backend(backend)
 
 
 def check_scale(scale, default: float) -> float:

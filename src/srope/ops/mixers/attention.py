@@ -151,7 +151,7 @@ def _check_attention(q, k, v, log_forget, cu_seqlens, key_mask, scale, backend, 
     if gated:
         common.check_tensor("log_forget", log_forget, (batch, key_len, heads))
     common.check_same_device(q.device, k=k, v=v, log_forget=log_forget, cu_seqlens=cu_seqlens, key_mask=key_mask)
-    common.check_backend(backend)
+    backend = common.check_backend(backend)
     scale = common.check_scale(scale, head_dim**-0.5)
     if cu_seqlens is not None:
         if q_len != key_len:
@@ -161,7 +161,7 @@ def _check_attention(q, k, v, log_forget, cu_seqlens, key_mask, scale, backend, 
         common.check_tensor("key_mask", key_mask, (batch, key_len), floating=False)
         if key_mask.is_complex():
             raise TypeError("key_mask must be bool or 0/1 numbers, got a complex tensor")
-    return scale
+    return scale, backend
 
 
 def _fla_problem(q, k, v) -> str | None:
@@ -199,11 +199,11 @@ def forgetting_attention(
         cu_seqlens: ``[N+1]`` packed sequences (B == 1, Tq == Tk).
         key_mask: ``[B, Tk]`` bool or 0/1; False = the token is absent (see the module doc).
         backend: ``"auto"`` (fla's ``parallel_forgetting_attn`` on CUDA when Tq == Tk, else
-            the explicit path), ``"torch"`` or ``"fla"``.
+            the explicit path), ``"torch"`` or ``"fla"``, as for :func:`srope.ops.gla`.
 
     Returns ``o [B, Tq, H, Dv]`` in q's dtype.
     """
-    scale = _check_attention(q, k, v, log_forget, cu_seqlens, key_mask, scale, backend, gated=True)
+    scale, backend = _check_attention(q, k, v, log_forget, cu_seqlens, key_mask, scale, backend, gated=True)
     problem = _fla_problem(q, k, v) or common.fla_dtype_problem(log_forget)
     if common.resolve_backend(backend, q.device, problem) == "fla":
         kernel = common.fla_ops().parallel_forgetting_attn
@@ -231,7 +231,7 @@ def softmax_attention(
     Tq == Tk when fla is importable, otherwise ``F.scaled_dot_product_attention``; on
     other devices, and with ``"torch"``, the explicit masked softmax.
     """
-    scale = _check_attention(q, k, v, None, cu_seqlens, key_mask, scale, backend, gated=False)
+    scale, backend = _check_attention(q, k, v, None, cu_seqlens, key_mask, scale, backend, gated=False)
     problem = _fla_problem(q, k, v)
     if backend == "auto" and q.is_cuda:
         varlen = cu_seqlens is not None or key_mask is not None

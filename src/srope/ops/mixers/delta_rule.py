@@ -157,11 +157,11 @@ def gated_delta_rule(
         qk_l2norm: l2-normalise q and k first (fla's ``use_qk_l2norm_in_kernel``, eps 1e-6).
         initial_state: ``[N, H, K, V]``; output_final_state: also return the last state.
         cu_seqlens: ``[N+1]`` packed sequences (B == 1); the state restarts per sequence.
-        backend: ``"auto"``, ``"torch"`` or ``"fla"``. On Hopper with 3.4 <= Triton < 3.7.1
-            fla's gated backward is wrong (fla #640, :func:`fla_gated_backward_is_broken`):
-            there ``"auto"`` runs calls that need gradients on the chunked PyTorch path (on
-            the GPU, with a one-time warning) and ``"fla"`` raises; forward-only calls still
-            use fla.
+        backend: ``"auto"``, ``"torch"`` or ``"fla"``, as for :func:`srope.ops.gla`. On
+            Hopper with 3.4 <= Triton < 3.7.1 fla's gated backward is wrong (fla #640,
+            :func:`fla_gated_backward_is_broken`): there ``"auto"`` runs calls that need
+            gradients on the chunked PyTorch path (on the GPU, with a one-time warning) and
+            ``"fla"`` raises; forward-only calls still use fla.
 
     Returns:
         ``(o [B, T, H, V] in q's dtype, final_state [N, H, K, V] or None)``; the state is
@@ -180,7 +180,7 @@ def gated_delta_rule(
     )
     common.check_flag("qk_l2norm", qk_l2norm)
     common.check_flag("output_final_state", output_final_state)
-    common.check_backend(backend)
+    backend = common.check_backend(backend)
     scale = common.check_scale(scale, key_dim**-0.5)
     count = common.sequence_count(cu_seqlens, batch, length)
     common.check_state(initial_state, count, heads, key_dim, v.shape[-1])

@@ -120,7 +120,9 @@ def gla(
         output_final_state: also return the state after the last token of each sequence.
         cu_seqlens: ``[N+1]`` int32/int64 boundaries of packed sequences (B == 1); the state
             restarts at every sequence start.
-        backend: ``"auto"`` (fla on CUDA when importable, else torch), ``"torch"`` or ``"fla"``.
+        backend: ``"auto"`` (fla on CUDA when importable, else torch; PyTorch under
+            ``srope.backend.use("torch")``), ``"torch"`` or ``"fla"`` (explicit: wins over
+            :mod:`srope.backend`).
 
     Returns:
         ``(o [B, T, H, V] in q's dtype, final_state [N, H, K, V] or None)``; the state is
@@ -134,7 +136,7 @@ def gla(
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
     common.check_same_device(q.device, k=k, v=v, log_decay=log_decay, initial_state=initial_state, cu_seqlens=cu_seqlens)
     common.check_flag("output_final_state", output_final_state)
-    common.check_backend(backend)
+    backend = common.check_backend(backend)
     scale = common.check_scale(scale, key_dim**-0.5)
     count = common.sequence_count(cu_seqlens, batch, length)
     common.check_state(initial_state, count, heads, key_dim, v.shape[-1])

@@ -101,9 +101,11 @@ def selective_rope(
             phase restarts at every sequence start.
         output_final_phase: also return ``Φ`` after the last token of each sequence,
             ``[N, Hk, R]`` float64, without gradient; pass it back as ``offset`` to continue.
-        backend: ``"auto"`` (the fastest available: the Triton kernels for CUDA tensors
-            when triton imports, else the reference path), ``"torch"`` (the reference
-            path) or ``"triton"`` (the kernels; CPU tensors only under ``TRITON_INTERPRET=1``).
+        backend: ``"auto"`` (what :mod:`srope.backend` sets; by default the fastest
+            available: the Triton kernels for CUDA tensors when triton imports, else the
+            reference path), ``"torch"`` (the reference path) or ``"triton"`` (the kernels;
+            CPU tensors only under ``TRITON_INTERPRET=1``). An explicit value wins over
+            :mod:`srope.backend`.
 
     Returns:
         ``(q_rot, k_rot, final_phase or None)`` with the dtypes of q and k. The angle of
