@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from srope.lab import plotting, provenance
 from srope.lab.config import RunConfig
 from srope.lab.loop import optimizer_step, train_steps
-from srope.lab.schedule import warmup_stable_decay
+from srope.lab.schedule import stage_of, warmup_stable_decay_by_stage
 from srope.lab.train.optim import adamw
 from srope.ops.layout import RowLayout
 from srope.lab.tasks import state_tracking
@@ -127,19 +127,20 @@ class DemoConfig(RunConfig):
 
     @property
     def steps(self) -> int:
-        return sum(stage[1] for stage in self.curriculum)
+        return sum(self.stage_steps)
 
     def position(self, kind: str) -> dict:
         """The ``position`` entry of the model config for the encoding ``kind``."""
         return {"type": kind, **{"nope": {}, "rope": self.rope, "selective_rope": self.selective_rope}[kind]}
 
+    @property
+    def stage_steps(self) -> tuple[int, ...]:
+        """The number of optimiser steps of each curriculum stage."""
+        return tuple(stage[1] for stage in self.curriculum)
+
     def stage_at(self, step: int) -> int:
         """The curriculum stage (0-based) of optimiser step ``step`` (0-based)."""
-        for stage, entry in enumerate(self.curriculum):
-            if step < entry[1]:
-                return stage
-            step -= entry[1]
-        return len(self.curriculum) - 1
+        return stage_of(step, self.stage_steps)
 
     def length_at(self, step: int) -> int:
         """The sequence length of optimiser step ``step`` (0-based)."""
@@ -151,18 +152,14 @@ class DemoConfig(RunConfig):
         return entry[2] if len(entry) == 3 else self.batch_size
 
     def lr_at(self, step: int) -> float:
-        """Warm-up, stable, decay: linear from ``lr / warmup_steps`` to ``lr`` over the first
-        ``warmup_steps``, constant, then linear down to ``min_lr_ratio · lr`` over the last
-        ``cooldown_steps`` (reached at the last step). With ``switch_warmup_steps`` n, the
-        first n steps of every later curriculum stage are scaled by (k + 1) / n, k = steps
-        into the stage (a fresh warm-up after each length switch). With ``lr_by_stage``, every
-        step is also scaled by its curriculum stage's factor."""
-        scale = 1.0 if self.lr_by_stage is None else self.lr_by_stage[self.stage_at(step)]
-        if self.switch_warmup_steps and self.stage_at(step) > 0:
-            into = step - sum(entry[1] for entry in self.curriculum[: self.stage_at(step)])
-            scale *= min(1.0, (into + 1) / self.switch_warmup_steps)
-        return scale * warmup_stable_decay(step, total=self.steps, peak=self.lr, warmup_steps=self.warmup_steps,
-                                           cooldown_steps=self.cooldown_steps, min_ratio=self.min_lr_ratio)
+        """The learning rate of optimiser step ``step`` (0-based):
+        :func:`srope.lab.schedule.warmup_stable_decay_by_stage` over the curriculum's stages
+        (warm-up over ``warmup_steps``, constant, linear down to ``min_lr_ratio · lr`` over the
+        last ``cooldown_steps``; a fresh warm-up of ``switch_warmup_steps`` at each later stage;
+        times ``lr_by_stage``'s factor for the step's stage)."""
+        return warmup_stable_decay_by_stage(step, stage_steps=self.stage_steps, peak=self.lr, warmup_steps=self.warmup_steps,
+                                            cooldown_steps=self.cooldown_steps, min_ratio=self.min_lr_ratio,
+                                            stage_factors=self.lr_by_stage, switch_warmup_steps=self.switch_warmup_steps)
 
     def phase_noise_at(self, step: int) -> float | None:
         """Selective RoPE's phase noise (radians per token) at optimiser step ``step``, or
