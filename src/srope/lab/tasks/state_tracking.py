@@ -88,7 +88,7 @@ class StateTrackingPreset(TaskConfig):
 
 # ``cpu``: parity trained at length 16 and scored at 32, in under a minute per position
 # encoding on a 2-core CPU (600 steps of batch 128 over 12,800 distinct sequences). The model
-# and the Selective RoPE options are the CPU recipe of ``srope demo`` (srope/lab/demo.py says why
+# and the Selective RoPE options are the CPU recipe of ``srope demo`` (srope/lab/demo/config.py says why
 # each one is there); the demo's length curriculum, weight average and encoding-specific
 # weight decay are not part of this protocol. What it gives: docs/reports/*-cpu-presets.md.
 _CPU_SELECTIVE_ROPE = {
