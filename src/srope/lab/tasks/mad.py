@@ -136,13 +136,12 @@ class MADPreset(TaskConfig):
     threads: int = 0  # torch's CPU threads for the run (0: torch's default)
 
 
-# ``cpu``: one MAD setting, in-context recall's baseline (vocabulary 16, 128 tokens), in under a
-# minute per position encoding on a 2-core CPU: 1,600 of its 12,800 training examples, 256
-# test examples, 4 epochs in batches of 32, one point of MAD's optimiser grid (lr 1e-3, no
-# weight decay), MAD's model at width 64 with 4 heads. The GLA gets its short conv (MAD's has
-# none), without which the baseline is not learnt within the minute. It does not reproduce
-# the paper's effect, a few points across 11 settings of the task (what it gives:
-# docs/reports/*-cpu-presets.md).
+# ``cpu``: one MAD setting, in-context recall's baseline (vocabulary 16, 128 tokens), small enough
+# for a 2-core CPU: 1,600 of its 12,800 training examples, 256 test examples, 4 epochs in batches
+# of 32, one point of MAD's optimiser grid (lr 1e-3, no weight decay), MAD's model at width 64
+# with 4 heads. The GLA gets its short conv (MAD's has none) because without it this budget does
+# not learn the baseline. One setting cannot show the paper's effect, which is spread over the
+# task's 11. Measurements: docs/reports/2026-12-07-preset-notes-mad.md.
 CPU = MADPreset(
     tasks=("in-context-recall",), only=("in-context-recall/baseline",), num_test_examples=256, max_train_examples=1_600, lrs=(1e-3,),
     weight_decays=(0.0,), batch_size=32, epochs=4, threads=1,
