@@ -10,7 +10,6 @@ from srope.lab.config import RunConfig
 from srope.lab.schedule import stage_of, warmup_stable_decay_by_stage
 from srope.registry import positions
 
-
 # The encodings the demo compares (its experiment, with DemoConfig's options for two of them and
 # targets for each: not every registered encoding), named and labelled as in srope.registry.
 POSITIONS = ("nope", "rope", "selective_rope")

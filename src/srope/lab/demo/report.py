@@ -9,7 +9,6 @@ import numpy as np
 from srope.lab import plotting
 from srope.lab.demo.config import LABELS, POSITIONS
 
-
 PLOT_PURPOSE = "srope demo's plots (parity.png, seeds.png)"
 
 

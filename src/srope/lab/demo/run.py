@@ -18,7 +18,6 @@ from srope.lab.demo.evaluation import check_targets
 from srope.lab.demo.report import PLOT_PURPOSE, format_seed_table, format_table, plot, plot_seeds
 from srope.lab.demo.workers import _cpu_seconds, _progress, _train_all
 
-
 RESULTS_FILE, PLOT_FILE = "results.json", "parity.png"
 
 

@@ -11,7 +11,6 @@ from srope.lab.config import apply_config_file, apply_overrides, read_config_fil
 from srope.lab.tasks.registry import check_task
 from srope.registry import model_presets
 
-
 # What a run whose results.json predates a setting ran with, where that is not the setting's
 # default today (cuda_graph's and head_at_targets' were "off" until they were checked and measured).
 SETTINGS_BEFORE_THEY_EXISTED = {"cuda_graph": "off", "head_at_targets": "off"}
