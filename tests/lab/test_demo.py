@@ -458,7 +458,7 @@ def test_every_seed_records_the_commit_the_command_began_with(tmp_path, monkeypa
         monkeypatch.setenv("SROPE_COMMIT", "b" * 40)
         return out
 
-    monkeypatch.setattr(demo, "eval_sets", moving_head)
+    monkeypatch.setattr("srope.lab.demo.run.eval_sets", moving_head)  # where run_demo looks it up
     summary = demo.run_demo_seeds(tmp_path, seeds=[0, 1], config=TINY, progress=False)
     assert provenance.commit()[0] == "b" * 40
     assert summary["provenance"]["commit"] == "a" * 40 and summary["provenance"]["seeds"] == [0, 1]

@@ -65,10 +65,9 @@ def test_a_missing_matplotlib_names_the_extra(no_matplotlib):
 
 
 def test_the_demo_without_matplotlib_refuses_before_training(no_matplotlib, tmp_path, capsys, monkeypatch):
-    from srope.lab import demo
     from srope.lab.cli import main
 
-    monkeypatch.setattr(demo, "_train_all", lambda *a, **k: pytest.fail("trained before checking for matplotlib"))
+    monkeypatch.setattr("srope.lab.demo.run._train_all", lambda *a, **k: pytest.fail("trained before checking for matplotlib"))
     began = time.perf_counter()
     assert main(["demo", "--out", str(tmp_path / "demo"), "--workers", "1"]) == 2
     assert time.perf_counter() - began < 30

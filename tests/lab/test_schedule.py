@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from srope.lab.schedule import task_schedule, warmup_cosine, warmup_stable_decay
+from srope.lab.schedule import stage_of, task_schedule, warmup_cosine, warmup_stable_decay, warmup_stable_decay_by_stage
 
 
 def test_schedule_is_the_papers():
@@ -40,6 +40,18 @@ def test_warmup_stable_decay():
     values = [warmup_stable_decay(s, total=10, peak=1.0, warmup_steps=2, cooldown_steps=4, min_ratio=0.2) for s in range(10)]
     assert values == pytest.approx([0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2])
     assert warmup_stable_decay(9, total=10, peak=1.0, warmup_steps=0, cooldown_steps=0, min_ratio=0.2) == 1.0
+
+
+def test_warmup_stable_decay_by_stage():
+    stages = (3, 2, 5)
+    assert [stage_of(s, stages) for s in range(12)] == [0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 2, 2]  # past the end: the last stage
+    plain = [warmup_stable_decay(s, total=10, peak=1.0, warmup_steps=2, cooldown_steps=4, min_ratio=0.2) for s in range(10)]
+    options = dict(stage_steps=stages, peak=1.0, warmup_steps=2, cooldown_steps=4, min_ratio=0.2)
+    assert [warmup_stable_decay_by_stage(s, **options) for s in range(10)] == plain
+    factors = [0.5] * 3 + [0.25] * 2 + [0.125] * 5
+    assert [warmup_stable_decay_by_stage(s, **options, stage_factors=(0.5, 0.25, 0.125)) for s in range(10)] == [f * v for f, v in zip(factors, plain)]
+    rewarm = [1, 1, 1, 1 / 2, 1, 1 / 2, 1, 1, 1, 1]  # a fresh 2-step warm-up where stages 1 and 2 begin (steps 3 and 5)
+    assert [warmup_stable_decay_by_stage(s, **options, switch_warmup_steps=2) for s in range(10)] == pytest.approx([f * v for f, v in zip(rewarm, plain)])
 
 
 def test_no_warm_up_starts_at_the_peak():

@@ -6,12 +6,15 @@ the first update is ``f(0)``) out of ``total``.
 - :func:`warmup_cosine`: the paper's LM schedule (``srope train``).
 - :func:`task_schedule`: the synthetic tasks' named schedules (``constant``, ``cosine``,
   ``cosine_epoch``, ``linear_warmup``).
-- :func:`warmup_stable_decay`: the demo's (before its per-stage factors).
+- :func:`warmup_stable_decay`: warm-up, constant, linear cooldown.
+- :func:`warmup_stable_decay_by_stage`: the demo's: :func:`warmup_stable_decay` over a
+  curriculum's stages, with a factor per stage and a fresh warm-up at each stage's start.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 TASK_SCHEDULES = ("constant", "cosine", "cosine_epoch", "linear_warmup")
 
@@ -55,3 +58,29 @@ def warmup_stable_decay(step: int, *, total: int, peak: float, warmup_steps: int
     if step < decay_start or cooldown_steps == 0:
         return peak
     return peak * (1 - (1 - min_ratio) * (step + 1 - decay_start) / cooldown_steps)
+
+
+def stage_of(step: int, stage_steps: Sequence[int]) -> int:
+    """The stage (0-based) of step ``step`` (0-based) when the stages run ``stage_steps``
+    steps each, one after another; past the end, the last stage."""
+    for stage, steps in enumerate(stage_steps):
+        if step < steps:
+            return stage
+        step -= steps
+    return len(stage_steps) - 1
+
+
+def warmup_stable_decay_by_stage(step: int, *, stage_steps: Sequence[int], peak: float, warmup_steps: int, cooldown_steps: int,
+                                 min_ratio: float, stage_factors: Sequence[float] | None = None, switch_warmup_steps: int = 0) -> float:
+    """:func:`warmup_stable_decay` over ``sum(stage_steps)`` steps, scaled per stage (stages of
+    ``stage_steps`` steps, :func:`stage_of`). With ``switch_warmup_steps`` n, the first n
+    steps of every stage after the first are scaled by (k + 1) / n, k = steps into the stage
+    (a fresh warm-up after each switch). With ``stage_factors``, every step is also scaled
+    by its stage's factor."""
+    stage = stage_of(step, stage_steps)
+    scale = 1.0 if stage_factors is None else stage_factors[stage]
+    if switch_warmup_steps and stage > 0:
+        into = step - sum(stage_steps[:stage])
+        scale *= min(1.0, (into + 1) / switch_warmup_steps)
+    return scale * warmup_stable_decay(step, total=sum(stage_steps), peak=peak, warmup_steps=warmup_steps,
+                                       cooldown_steps=cooldown_steps, min_ratio=min_ratio)

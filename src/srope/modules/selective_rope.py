@@ -66,7 +66,7 @@ class SelectiveRoPE(PositionEncoding):
             increment is a scaled cosine (True).
         projection_gain: initial value of that gain (1.0). A larger gain spreads the angle
             steps that different tokens make at init, so that some rotation pairs start
-            with steps far apart (``srope demo`` uses 8; see ``srope/lab/demo.py``).
+            with steps far apart (``srope demo`` uses 8; see ``srope/lab/demo/config.py``).
         conv_size: width of the causal depthwise conv over the increments (4).
         skip_conv: replace the learned conv by the first difference ``u_t - u_{t-1}`` (False).
         conv_activation: ``"silu"`` or None, after the conv or the difference ("silu", the
@@ -88,7 +88,7 @@ class SelectiveRoPE(PositionEncoding):
             token's angle step ``Θ·φ`` (per pair, independent; 0 = off, the default). A
             regulariser, not in the paper: a step error too small to cost anything at the
             training length adds up linearly beyond it, and the noise keeps the loss
-            sensitive to it (``srope demo`` uses 0.1; see ``srope/lab/demo.py``).
+            sensitive to it (``srope demo`` uses 0.1; see ``srope/lab/demo/config.py``).
     """
 
     needs_input = True

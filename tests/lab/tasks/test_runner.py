@@ -402,12 +402,12 @@ def test_the_cuda_graph_step_trains_as_the_eager_step(tmp_path, task):
 def test_an_evaluation_in_parts_scores_as_one_in_a_piece(tmp_path, monkeypatch, task):
     """A test batch whose logits exceed EVAL_LOGITS runs in parts (here one row at a time):
     the same predictions, so the same scores, and the same summed test loss (MAD's)."""
-    from srope.lab.tasks import runner
+    from srope.lab.tasks import training  # train_run looks these names up there
 
     overrides = {**SMOKE[task], "model.hidden_size": 16, "model.num_heads": 2, "model.num_hidden_layers": 1, "mixer": "gla", "position_type": "selective_rope"}
     histories = {}
-    for name, limit in (("whole", runner.EVAL_LOGITS), ("rows", 1)):
-        monkeypatch.setattr(runner, "EVAL_LOGITS", limit)
+    for name, limit in (("whole", training.EVAL_LOGITS), ("rows", 1)):
+        monkeypatch.setattr(training, "EVAL_LOGITS", limit)
         runs = run_synthetic(task, srope_model_factory, out=tmp_path / name, overrides=overrides, cache_dir=tmp_path / "cache", progress=False, plot=False)["runs"]
         histories[name] = [{k: v for k, v in h.items() if k in ("score", "loss")} for run in runs for h in run["history"]]
     assert histories["whole"] and [h["score"] for h in histories["rows"]] == [h["score"] for h in histories["whole"]]
@@ -420,10 +420,10 @@ def test_an_evaluation_out_of_device_memory_continues_in_smaller_parts(tmp_path,
     """A forward pass of the evaluation that runs out of device memory is retried with half the
     rows, and the run keeps the rows that fit: the same scores as without the shortage, a warning
     that says so, and an error only when one row does not fit."""
-    from srope.lab.tasks import runner
+    from srope.lab.tasks import training  # train_run looks these names up there
 
     overrides = {**SMOKE[task], "model.hidden_size": 16, "model.num_heads": 2, "model.num_hidden_layers": 1, "mixer": "gla", "position_type": "selective_rope"}
-    logits, passes = runner.task_logits, []
+    logits, passes = training.task_logits, []
 
     def short_of_memory(fits):
         def task_logits(model, x, vocab):
@@ -439,7 +439,7 @@ def test_an_evaluation_out_of_device_memory_continues_in_smaller_parts(tmp_path,
         return [{k: v for k, v in h.items() if k in ("score", "loss")} for run in runs for h in run["history"]]
 
     whole = scores("whole")
-    monkeypatch.setattr(runner, "task_logits", short_of_memory(3))
+    monkeypatch.setattr(training, "task_logits", short_of_memory(3))
     with pytest.warns(UserWarning, match="ran out of device memory"):
         short = scores("short")
     failed, fitted = [n for n in passes if n > 3], [n for n in passes if n <= 3]
@@ -447,7 +447,7 @@ def test_an_evaluation_out_of_device_memory_continues_in_smaller_parts(tmp_path,
     assert [h["score"] for h in short] == [h["score"] for h in whole]
     if task == "mad":
         assert [h["loss"] for h in short] == pytest.approx([h["loss"] for h in whole], rel=1e-5)
-    monkeypatch.setattr(runner, "task_logits", short_of_memory(0))
+    monkeypatch.setattr(training, "task_logits", short_of_memory(0))
     with pytest.raises(torch.OutOfMemoryError), pytest.warns(UserWarning):
         scores("none")
 

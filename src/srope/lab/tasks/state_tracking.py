@@ -88,9 +88,9 @@ class StateTrackingPreset(TaskConfig):
 
 # ``cpu``: parity trained at length 16 and scored at 32, small enough for a laptop CPU (600 steps
 # of batch 128 over 12,800 distinct sequences). The model and the Selective RoPE options are the
-# CPU recipe of ``srope demo`` (srope/lab/demo.py says why each one is there); the demo's length
-# curriculum, weight average and encoding-specific weight decay are not part of this protocol.
-# Its times and results: docs/reports/2026-12-07-preset-notes.md.
+# CPU recipe of ``srope demo`` (srope/lab/demo/config.py says why each one is there); the demo's
+# length curriculum, weight average and encoding-specific weight decay are not part of this
+# protocol. Its times and results: docs/reports/2026-12-07-preset-notes.md.
 _CPU_SELECTIVE_ROPE = {
     "projection": "full-rank", "conv_size": 1, "conv_activation": None, "bias": True, "gate": "per-channel",
     "spectrum": "uniform", "max_temperature": math.pi, "phase_noise": 0.1, "projection_gain": 8.0,
