@@ -85,11 +85,22 @@ class PreviousToken:
         return Prepared(train=ArrayStream(*split("train", cfg.train_size), cfg.batch_size), evaluate=evaluate)
 
 
+class PreviousTokenReport:
+    """Its page in ``srope report``, as a task's report module would be."""
+
+    @staticmethod
+    def report_page(rows):
+        from srope.lab.report.page import Page
+
+        scores = ", ".join(f"{r.label}: {r.mean('score'):.2f}" for r in rows)
+        return Page("previous_token", "Previous token", f"# Previous token\n\n{scores}\n", [], rows, source="ours")
+
+
 @pytest.fixture
 def registered():
     """The one call each, undone afterwards (the registries are the process's)."""
     register_position("scaled", label="Scaled queries", build=ScaledQueries)
-    register_task("previous_token", module=PreviousToken, presets=("tiny", "longer"))
+    register_task("previous_token", module=PreviousToken, presets=("tiny", "longer"), report=PreviousTokenReport)
     yield
     positions.unregister("scaled")
     tasks.unregister("previous_token")
@@ -135,6 +146,18 @@ def test_a_registered_task_trains_through_srope_synth_with_a_registered_encoding
     assert saved["complete"] and saved["task"] == "previous_token" and saved["preset"] == "tiny" and saved["label"] == "gla/scaled"
     (record,) = saved["runs"]
     assert record["steps"] == 2 * 4 and 0.0 <= record["score"] <= 1.0
+
+
+def test_a_registered_task_brings_its_page_to_srope_report(registered, tmp_path):
+    from srope.lab.report.write import write_report
+
+    argv = ["synth", "previous_token", "--set", "epochs=1", "--out", str(tmp_path / "run"), "--device", "cpu", "--no-progress", "--cache-dir", "none"]
+    assert main(argv) == 0
+    written = write_report([tmp_path / "run"], tmp_path / "report", plots=False)
+    assert "# Previous token\n\ngla/selective_rope: " in (tmp_path / "report" / "previous_token.md").read_text()
+    index = written["index"].read_text()
+    assert "| [Previous token](previous_token.md) | ours | no results |" in index
+    assert index.index("(mad.md)") < index.index("(lm.md)") < index.index("(previous_token.md)")  # the paper's order, then the rest
 
 
 def test_registering_a_name_twice_is_refused_unless_replaced(registered):

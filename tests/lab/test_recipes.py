@@ -78,6 +78,10 @@ def test_a_recipe_runs_into_a_folder_of_its_name(tmp_path, monkeypatch):
     assert task == "state_tracking" and first["out"] == "out/synth/st-gla-s2-srope-demo-encoding" and first["preset"] == "authors"
     assert first["overrides"]["position.projection_gain"] == 8.0
     assert second["out"] == "out/synth/mqar-fig6-nope-rope" and second["overrides"]["position_type"] == "rope"
+    # results.json records the recipe, so that a resume under another version is refused (tests/lab/tasks/test_resume.py)
+    assert first["recipe"] == {"name": "st-gla-s2", "arm": "srope-demo-encoding", "version": recipes.load("st-gla-s2:srope").version}
+    assert second["recipe"] == {"name": "mqar-fig6", "arm": "nope", "version": 1}
+    assert recipes.load("copying-release").record() == {"name": "copying-release", "arm": None, "version": 1}
 
 
 def test_list_recipes_names_each_with_its_version_and_arms(capsys):

@@ -34,7 +34,7 @@ def test_mqar_draws_every_runs_test_accuracy_after_each_epoch(tmp_path):
     against its steps, as recorded, with chance (one value among vocab/2) drawn beside them."""
     from srope.lab.report.rows import _rows
     from srope.lab.report.collect import collect
-    from srope.lab.report.plots import _mqar
+    from srope.lab.tasks.mqar_report import report_plot as _mqar
 
     from .conftest import _write, head, run, synth
 

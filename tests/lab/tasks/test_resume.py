@@ -193,6 +193,21 @@ def test_concurrent_equals_sequential_and_stops_on_sigterm(tmp_path, monkeypatch
     assert numbers(run(out, jobs=2, resume=True)) == numbers(sequential)
 
 
+def test_a_sweep_records_its_recipe_and_resumes_only_under_that_version(tmp_path):
+    o = {**SMOKE["state_tracking"], "seeds": "0", "epochs": 1, "model.hidden_size": 8}
+    run = lambda recipe, out="run", **kw: run_synthetic("state_tracking", gru_factory, out=tmp_path / out, overrides=o, cache_dir=None, progress=False,
+                                                        plot=False, recipe=recipe, **kw)
+    first = {"name": "st-gla-s2", "arm": "srope", "version": 1}
+    assert run(first, stop_after_steps=1)["recipe"] == first
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["recipe"] == first
+    with pytest.raises(ValueError, match=r"^--resume: settings differ .*: recipe st-gla-s2:srope version 1 -> st-gla-s2:srope version 2; resume with"):
+        run({**first, "version": 2}, resume=True)
+    with pytest.raises(ValueError, match="recipe st-gla-s2:srope version 1 -> st-gla-s2:nope version 1"):
+        run({**first, "arm": "nope"}, resume=True)
+    assert run(None, resume=True)["recipe"] == first  # the same settings given as options
+    assert run(None, out="plain")["recipe"] is None
+
+
 def test_refusals(tmp_path):
     o = {**SMOKE["state_tracking"], "seeds": "0", "epochs": 1, "model.hidden_size": 8}
     run = lambda out, **kw: run_synthetic("state_tracking", gru_factory, out=out, overrides=kw.pop("overrides", o), cache_dir=None, progress=False, plot=False, **kw)

@@ -52,6 +52,11 @@ class Recipe:
             out += [OPTIONS[key], value] if key in OPTIONS else ["--set", f"{key}={as_text(value)}"]
         return out
 
+    def record(self) -> dict[str, Any]:
+        """What a sweep records of its recipe (``results.json``'s ``"recipe"``): name, arm (None without arms) and version."""
+        name, _, arm = self.name.partition(":")
+        return {"name": name, "arm": arm or None, "version": self.version}
+
     def folder(self) -> str:
         """The name of its run folder: ``NAME-ARM``."""
         return self.name.replace(":", "-")

@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from srope.lab.report import paper
 from srope.lab.report.page import Page
-from srope.lab.report.page_copying import copying_page
 from srope.lab.report.page_lm import lm_page
-from srope.lab.report.page_mad import mad_page
-from srope.lab.report.page_mqar import mqar_page
-from srope.lab.report.page_state_tracking import state_tracking_page
 from srope.lab.report.records import OUR_RECIPE, Collected
-from srope.lab.report.rows import _by_group, _rows, _titles
+from srope.lab.report.rows import Row, _by_group, _rows, _titles
 from srope.lab.report.verdicts import MARGIN, RULES, Verdict
-
-
-PAGES = (("copying", copying_page), ("mqar", mqar_page), ("state_tracking", state_tracking_page), ("mad", mad_page), ("lm", lm_page))
+from srope.lab.tasks.registry import tasks
 
 
 def family(experiment: str) -> str:
     return experiment.split("/")[0]
+
+
+def page_builders() -> list[tuple[str, Callable[[list[Row]], Page]]]:
+    """Each synthetic task's page (the task registry names its module) and the LM page, in the
+    paper's order; pages the paper has no experiment for come last."""
+    builders = [(name, module.report_page) for name, entry in tasks.items() if (module := entry.report_module()) is not None]
+    order = list(dict.fromkeys(family(key) for key in paper.EXPERIMENTS))
+    return sorted([*builders, ("lm", lm_page)], key=lambda item: order.index(item[0]) if item[0] in order else len(order))
 
 
 def build_pages(collected: Collected) -> list[Page]:
@@ -33,7 +36,7 @@ def build_pages(collected: Collected) -> list[Page]:
             for row in group:
                 row.title = titles[key]
     pages = []
-    for name, builder in PAGES:
+    for name, builder in page_builders():
         pages.append(builder([r for r in rows if family(r.experiment) == name]))
     return pages
 
@@ -75,9 +78,8 @@ def index_markdown(pages: list[Page], collected: Collected, dirs: list[Path]) ->
     for page in pages:
         paper_rows = [r for r in page.rows if r.experiment in paper.EXPERIMENTS]
         verdicts = _verdict_counts(page.verdicts) or "no results"
-        sources = {"copying": paper.COPYING.source, "mqar": paper.MQAR.source, "state_tracking": "v3 Fig. 7", "mad": paper.MAD.source, "lm": "v3 Tables 2, 3"}
         seeds = sum(len(r.runs) for r in paper_rows)
-        lines.append(f"| [{page.title}]({page.name}.md) | {sources[page.name]} | {verdicts} | {len(paper_rows)} ({seeds}) | "
+        lines.append(f"| [{page.title}]({page.name}.md) | {page.source or '–'} | {verdicts} | {len(paper_rows)} ({seeds}) | "
                      f"{sum(r.stale for r in paper_rows)} | {sum(r.unknown for r in paper_rows)} |")
     lines += ["", "## Verdicts"]
     for page in pages:

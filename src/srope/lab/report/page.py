@@ -37,6 +37,7 @@ class Page:
     verdicts: list[tuple[str, str, Verdict]]  # (panel, group, verdict)
     rows: list[Row]
     plot: str | None = None
+    source: str = ""  # where the paper has it, for the index
 
 
 def _no_counterpart(rows: list[Row]) -> str:

@@ -39,7 +39,7 @@ def lm_page(rows: list[Row]) -> Page:
     if not mine:
         parts.append("No language-model results were found.")
     parts += [_footnotes(mine), _no_counterpart([r for r in rows if r.experiment.startswith("lm/") and r not in mine])]
-    return Page("lm", "Language modelling", "\n".join(parts).rstrip() + "\n", verdicts, rows)
+    return Page("lm", "Language modelling", "\n".join(parts).rstrip() + "\n", verdicts, rows, source="v3 Tables 2, 3")
 
 
 def _lm_table(exp: paper.Experiment, group: list[Row], row_of) -> str:

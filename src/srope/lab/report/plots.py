@@ -1,5 +1,7 @@
 """One PNG per experiment: ours drawn with the paper's values where the paper has numbers
-(MAD, LM), and the paper's claim written on the panel where it has only a figure."""
+(MAD, LM), and the paper's claim written on the panel where it has only a figure. A synthetic
+task's figure is drawn by its page's module (``report_plot``, found through the task registry)
+with the helpers here; the LM figure is drawn here."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from pathlib import Path
 from srope.lab import plotting
 from srope.lab.report import paper
 from srope.lab.report.page import Page
-from srope.lab.report.page_mqar import PAPER_MQAR, _mqar_points
 from srope.lab.report.rows import Row, _by_group
+from srope.lab.tasks.registry import tasks
 
 COLORS = {"NoPE": "tab:gray", "RoPE": "tab:blue", "Selective RoPE": "tab:red"}
 OTHER_COLORS = ("tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")  # none of COLORS
@@ -93,11 +95,11 @@ def _curves(ax, group: list[Row], name: str) -> None:
 
 def plot_page(page: Page, path: Path) -> Path | None:
     """The page's PNG at ``path``; None when it has nothing to draw."""
-    makers = {"copying": _copying, "mqar": _mqar, "state_tracking": _state_tracking, "mad": _mad, "lm": _lm}
     rows = [r for r in page.rows if r.experiment in paper.EXPERIMENTS]
-    if not rows:
+    draw = _lm if page.name == "lm" else _task_plot(page.name)
+    if not rows or draw is None:
         return None
-    fig = makers[page.name](rows)
+    fig = draw(rows)
     if fig is None:
         return None
     fig.tight_layout()
@@ -106,94 +108,10 @@ def plot_page(page: Page, path: Path) -> Path | None:
     return path
 
 
-def _copying(rows: list[Row]):
-    """String and character accuracy per group, on a log length axis: what matters happens
-    just past the training lengths, which a linear axis to 512 squeezes into a few pixels."""
-    groups = list(_by_group(rows).values())
-    plt, fig, axes = _grid(2 * len(groups))
-    for i, group in enumerate(groups):
-        for ax, (name, label) in zip(axes[2 * i : 2 * i + 2], (("str_acc_by_length", "string"), ("char_acc_by_length", "character"))):
-            _curves(ax, group, name)
-            ax.set_xscale("log", base=2)
-            ax.set(xlabel="string length", ylabel=f"{label} accuracy", title=_title(group[0].title))
-        _claim(axes[2 * i], paper.COPYING)
-    return fig
-
-
-def _mqar(rows: list[Row]):
-    """Per protocol: accuracy against width at the paper's setting (where run), and the test
-    accuracy after each epoch of every run, which shows whether a run ever left chance."""
-    panels = []
-    for group in _by_group(rows).values():
-        if any(PAPER_MQAR in _mqar_points(r) for r in group):
-            panels.append((_mqar_widths, group))
-        if any(r.histories for row in group for r in row.runs):
-            panels.append((_mqar_training, group))
-    if not panels:
-        return None
-    plt, fig, axes = _grid(len(panels))
-    for ax, (draw, group) in zip(axes, panels):
-        draw(ax, group)
-    return fig
-
-
-def _mqar_widths(ax, group: list[Row]) -> None:
-    for row, color in zip(group, _colors(group)):
-        points = _mqar_points(row).get(PAPER_MQAR, {})
-        widths = sorted(points)
-        ax.errorbar(widths, [points[w][0] for w in widths], yerr=[points[w][1] or 0.0 for w in widths], marker="o", capsize=3,
-                    label=f"{row.label} ({_seeds(len(row.runs))})", color=color)
-    ax.set(xscale="log", xlabel="model dimension", ylabel="accuracy", ylim=(-0.02, 1.02), title=_title(f"seq 512, 64 KV pairs: {group[0].title}"))
-    ax.legend(fontsize=6)
-    _claim(ax, paper.MQAR)
-
-
-def _mqar_training(ax, group: list[Row]) -> None:
-    styles = ("-", "--", ":", "-.")
-    settings = sorted({s for row in group for r in row.runs for s in r.histories}, key=lambda s: (len(s), s))
-    for row, color in zip(group, _colors(group)):
-        for run in row.runs:
-            first = run is row.runs[0]  # one legend entry per row and setting
-            for setting, (steps, scores) in sorted(run.histories.items()):
-                ax.plot(steps, scores, color=color, linestyle=styles[settings.index(setting) % len(styles)], linewidth=1.2,
-                        label=f"{row.label} {setting} ({_seeds(len(row.runs))})" if first else None)
-    vocab = group[0].runs[0].config.get("vocab")
-    if vocab:  # a guess among the values, each of which is one of vocab/2 tokens
-        ax.axhline(2 / vocab, color="black", linewidth=0.8, linestyle=":", label="chance")
-    ax.set(xlabel="training step", ylabel="query accuracy (test, after each epoch)", ylim=(-0.02, 1.02), title=_title(f"training: {group[0].title}", 50, lines=4))
-    ax.legend(fontsize=6)
-
-
-def _state_tracking(rows: list[Row]):
-    panels = [(exp, group) for exp in paper.STATE_TRACKING for group in _by_group([r for r in rows if r.experiment == exp.key]).values()]
-    if not panels:
-        return None
-    plt, fig, axes = _grid(len(panels))
-    for ax, (exp, group) in zip(axes, panels):
-        _curves(ax, group, "seq_acc_by_length")
-        ax.set(xlabel="sequence length", ylabel="sequence accuracy", title=_title(f"{exp.title.split(': ', 1)[1]}: {group[0].title}", 70))
-        ax.title.set_fontsize(7)
-        _claim(ax, exp)
-    return fig
-
-
-def _mad(rows: list[Row]):
-    groups = list(_by_group(rows).values())
-    plt, fig, axes = _grid(len(groups), width=9.0, height=4.0)
-    columns = [*paper.MAD_TASK_ORDER, "average"]
-    for ax, group in zip(axes, groups):
-        width = 0.8 / max(1, len(group))
-        for i, (row, color) in enumerate(zip(group, _colors(group))):
-            xs = [j + (i - (len(group) - 1) / 2) * width for j in range(len(columns))]
-            ours = [100 * (row.mean(c) if row.mean(c) is not None else float("nan")) for c in columns]
-            ax.bar(xs, ours, width=width, label=f"{row.label} (ours)", color=color, alpha=0.8)
-            if row.paper_row:
-                theirs = [paper.MAD.value(row.paper_row, c).value for c in columns]
-                ax.scatter(xs, theirs, marker="_", s=120, color="black", zorder=3, label="paper (Table 1)" if i == 0 else None)
-        ax.set_xticks(range(len(columns)), [paper.MAD_SHORT[c] for c in columns], rotation=15, fontsize=7)
-        ax.set(ylabel="accuracy, %", ylim=(0, 105), title=_title(group[0].title, 100))
-        ax.legend(fontsize=6, ncol=2)
-    return fig
+def _task_plot(name: str):
+    """The figure maker of task ``name``'s page (the task registry names its module), or None."""
+    module = tasks[name].report_module() if name in tasks else None
+    return getattr(module, "report_plot", None)
 
 
 def _lm(rows: list[Row]):

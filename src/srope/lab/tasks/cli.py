@@ -138,12 +138,14 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     if args.dirs:
         raise ValueError(f"unexpected arguments {args.dirs} (only `srope synth report` takes folders)")
     cfg = resolve_preset(task, preset, overrides, args.config)
+    recipe = None
+    if args.recipe:
+        from srope.lab import recipes
+
+        recipe = recipes.load(args.recipe)
     if args.dry_run:
         settings = get_task(task).settings(cfg)
-        if args.recipe:
-            from srope.lab import recipes
-
-            recipe = recipes.load(args.recipe)
+        if recipe is not None:
             print(f"recipe {recipe.name} (version {recipe.version}): srope synth {' '.join(recipe.flags())}")
         print(presets_line(task))
         print(json.dumps(cfg.to_dict(), indent=1))
@@ -156,7 +158,8 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
     cache = None if args.cache_dir in ("", "none") else args.cache_dir
     results = run_synthetic(task, model_factory, out=args.out, overrides=overrides, preset=preset, device=args.device,
                             cache_dir=cache, label=args.label, progress=not args.no_progress, resume=args.resume, jobs=args.jobs,
-                            stop_after_steps=args.stop_after_steps, autotune=args.autotune, config=args.config)
+                            stop_after_steps=args.stop_after_steps, autotune=args.autotune, config=args.config,
+                            recipe=recipe.record() if recipe is not None else None)
     print(report([args.out]))
     print(f"wrote {Path(args.out) / 'results.json'} in {results['seconds']:.0f} s")
     if not results["complete"]:

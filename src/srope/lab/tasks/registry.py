@@ -4,9 +4,10 @@ Standard library only, so that ``srope synth`` refuses a misspelt task or preset
 loads. A task registers its name, its module (an import string, or the module or object
 itself) and its preset names, the default first; the module holds the presets
 (``PRESETS``: name -> config, the same names) and the task's functions (``check``,
-``settings``, ``prepare``: docs/extending.md)::
+``settings``, ``prepare``: docs/extending.md). A task may also name the module of its page in
+``srope report`` (``report``: :meth:`TaskEntry.report_module`)::
 
-    register_task("mytask", module="mypkg.mytask", presets=("paper", "cpu"))
+    register_task("mytask", module="mypkg.mytask", presets=("paper", "cpu"), report="mypkg.mytask_report")
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class TaskEntry:
     name: str
     module: Any
     presets: tuple[str, ...]  # the default first
+    report: Any = None  # the module (or an import string of it) whose report_page(rows) builds the task's page of ``srope report``
 
     @property
     def default_preset(self) -> str:
@@ -35,14 +37,20 @@ class TaskEntry:
             raise ValueError(f"task {self.name!r} registers the presets {self.presets}, but its module defines {defined}")
         return module
 
+    def report_module(self) -> Any:
+        """The module of the task's page in ``srope report`` (imported on first use): its
+        ``report_page(rows)`` builds the page, its ``report_plot(rows)``, if defined, the figure.
+        None when the task has no page."""
+        return None if self.report is None else load(self.report)
+
 
 tasks: Registry[TaskEntry] = Registry("synthetic task")
 
 
-def register_task(name: str, *, module: Any, presets: tuple[str, ...], replace: bool = False) -> TaskEntry:
+def register_task(name: str, *, module: Any, presets: tuple[str, ...], report: Any = None, replace: bool = False) -> TaskEntry:
     if not presets:
         raise ValueError(f"task {name!r} needs at least one preset (its default first)")
-    return tasks.register(name, TaskEntry(name, module, tuple(presets)), replace=replace)
+    return tasks.register(name, TaskEntry(name, module, tuple(presets), report), replace=replace)
 
 
 def check_task(name: str, preset: str | None = None) -> TaskEntry:
@@ -55,7 +63,8 @@ def check_task(name: str, preset: str | None = None) -> TaskEntry:
     return entry
 
 
-register_task("mqar", module="srope.lab.tasks.mqar", presets=("release", "zoology", "paper", "cpu"))
-register_task("mad", module="srope.lab.tasks.mad", presets=("paper", "cpu"))
-register_task("copying", module="srope.lab.tasks.copying", presets=("release", "authors", "paper", "cpu"))
-register_task("state_tracking", module="srope.lab.tasks.state_tracking", presets=("release", "release_attention", "authors", "paper", "paper_a3", "cpu"))
+register_task("mqar", module="srope.lab.tasks.mqar", presets=("release", "zoology", "paper", "cpu"), report="srope.lab.tasks.mqar_report")
+register_task("mad", module="srope.lab.tasks.mad", presets=("paper", "cpu"), report="srope.lab.tasks.mad_report")
+register_task("copying", module="srope.lab.tasks.copying", presets=("release", "authors", "paper", "cpu"), report="srope.lab.tasks.copying_report")
+register_task("state_tracking", module="srope.lab.tasks.state_tracking", presets=("release", "release_attention", "authors", "paper", "paper_a3", "cpu"),
+              report="srope.lab.tasks.state_tracking_report")

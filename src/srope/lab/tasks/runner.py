@@ -76,7 +76,7 @@ def default_label(cfg) -> str:
 def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, overrides: dict[str, Any] | None = None, preset: str | None = None,
                   device: str | torch.device | None = None, cache_dir: Path | str | None = "default", label: str | None = None,
                   progress: bool = True, plot: bool = True, resume: bool = False, jobs: int = 1, stop_after_steps: int | None = None,
-                  autotune: str | None = None, config: str | Path | None = None) -> dict:
+                  autotune: str | None = None, config: str | Path | None = None, recipe: dict | None = None) -> dict:
     """Run ``task`` (``"mqar"``, ``"mad"``, ``"copying"``, ``"state_tracking"``) for one model.
 
     ``overrides`` are ``--set`` style (``{"lrs": "1e-3", "model.hidden_size": 64,
@@ -99,7 +99,11 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
     ``srope.lab.train.stops.StopRequested``. ``autotune`` (``"full"`` or ``"first"``; default
     ``$SROPE_AUTOTUNE`` or full) is how much Triton autotunes (:mod:`srope.lab.tasks.autotune`).
     Each call appends its provenance (:func:`srope.lab.provenance.record`, with the autotune
-    mode) to ``results["provenance"]``.
+    mode) to ``results["provenance"]``. ``recipe`` (``{"name", "arm", "version"}``: what
+    ``srope synth --recipe`` runs, :meth:`srope.lab.recipes.Recipe.record`) is recorded as
+    ``results["recipe"]``; resuming a recipe's sweep under another recipe, arm or version is
+    refused like a changed setting (a sweep begun without a recipe may resume under one whose
+    settings it has).
     """
     from srope.lab.tasks import autotune as autotuning
 
@@ -126,7 +130,7 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
     out = Path(out)
     with RunFolder(out) as folder:  # one sweep per folder: a second start into it is refused, naming the holder
         try:
-            results = _previous_results(out, task, preset_name, cfg, resume)
+            results = _previous_results(out, task, preset_name, cfg, resume, recipe)
         except Exception:
             if folder.created:
                 shutil.rmtree(folder.created_root, ignore_errors=True)
@@ -140,14 +144,17 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
                 if results is None:
                     results = {
                         "task": task, "preset": preset_name, "label": label or default_label(cfg), "mixer": cfg.mixer, "position_type": cfg.position_type,
-                        "overrides": {k: str(v) for k, v in (overrides or {}).items()}, "config": cfg.to_dict(),
+                        "overrides": {k: str(v) for k, v in (overrides or {}).items()}, "recipe": recipe, "config": cfg.to_dict(),
                         "release_differences": release.differences(module, preset_name, cfg),
                         "settings": [dataclasses.asdict(s) for s in module.settings(cfg)], **provenance.environment(dev), "complete": False, "runs": [], "provenance": [],
                     }  # fmt: skip
                     if jobs > 1:
                         results["threads"] = threads
-                elif label is not None:
-                    results["label"] = label
+                else:
+                    if label is not None:
+                        results["label"] = label
+                    if recipe is not None:
+                        results["recipe"] = recipe
                 return _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress, plot, resume, jobs, threads, stop_after_steps, autotune)
         except Exception:
             if not resume and not _has_progress(out):  # a failed start leaves nothing behind (the lock says nobody else wrote here)
@@ -159,7 +166,13 @@ def run_synthetic(task: str, model_factory: ModelFactory, *, out: Path | str, ov
             raise
 
 
-def _previous_results(out: Path, task: str, preset_name: str, cfg, resume: bool) -> dict | None:
+def _recipe_text(recipe: dict | None) -> str:
+    if recipe is None:
+        return "(none)"
+    return f"{recipe['name']}{':' + recipe['arm'] if recipe.get('arm') else ''} version {recipe['version']}"
+
+
+def _previous_results(out: Path, task: str, preset_name: str, cfg, resume: bool, recipe: dict | None = None) -> dict | None:
     """The results of the sweep in ``out`` to continue (``resume``), or None to start one;
     refuses to start over a sweep, and to resume nothing or with other settings."""
     path = out / RESULTS_FILE
@@ -180,6 +193,8 @@ def _previous_results(out: Path, task: str, preset_name: str, cfg, resume: bool)
     before = {**defaults, **recorded_settings(before)}
     changed = [f"{key} {before.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
                for key in dict.fromkeys([*before, *now]) if key not in RESUME_MAY_CHANGE and before.get(key) != now.get(key)]
+    if recipe is not None and results.get("recipe") is not None and results["recipe"] != recipe:
+        changed.append(f"recipe {_recipe_text(results['recipe'])} -> {_recipe_text(recipe)}")
     if changed:
         raise ValueError(f"--resume: settings differ from the run in {out} (the run's -> now): {'; '.join(changed)}; resume with the same settings or choose another --out")
     return results

@@ -7,6 +7,7 @@ import statistics
 from srope.lab.report import paper
 from srope.lab.report.cells import _footnotes, _label_cell, _table, budget_cell, differences, fmt, paper_cell, provenance_cell, seeds_cell
 from srope.lab.report.page import Page, _no_counterpart, _opening
+from srope.lab.report.plots import _claim, _colors, _grid, _seeds, _title
 from srope.lab.report.rows import Row, _by_group, _folders
 from srope.lab.report.verdicts import MQAR_LEARNS, Verdict, _beats, _caveats, _inconclusive, invalid_test
 
@@ -26,7 +27,7 @@ def _mqar_points(row: Row) -> dict[str, dict[int, tuple]]:
 PAPER_MQAR = "T512-kv64"
 
 
-def mqar_page(rows: list[Row]) -> Page:
+def report_page(rows: list[Row]) -> Page:
     exp = paper.MQAR
     mine, parts = _opening("mqar", "MQAR", exp, rows)
     verdicts = []
@@ -56,7 +57,7 @@ def mqar_page(rows: list[Row]) -> Page:
     if not mine:
         parts.append("No MQAR results were found.")
     parts += [_footnotes(mine), _no_counterpart([r for r in rows if r.experiment != "mqar"])]
-    return Page("mqar", exp.title, "\n".join(parts).rstrip() + "\n", verdicts, rows)
+    return Page("mqar", exp.title, "\n".join(parts).rstrip() + "\n", verdicts, rows, source=paper.MQAR.source)
 
 
 def mqar_verdict(group: list[Row], points: dict) -> Verdict:
@@ -89,3 +90,47 @@ def mqar_verdict(group: list[Row], points: dict) -> Verdict:
         return _inconclusive(why, said + _caveats(by_name.values()))
     ok = _beats(sel, nope) and _beats(sel, rope)
     return Verdict("reproduced" if ok else "not reproduced", said + _caveats(by_name.values()))
+
+
+def report_plot(rows: list[Row]):
+    """Per protocol: accuracy against width at the paper's setting (where run), and the test
+    accuracy after each epoch of every run, which shows whether a run ever left chance."""
+    panels = []
+    for group in _by_group(rows).values():
+        if any(PAPER_MQAR in _mqar_points(r) for r in group):
+            panels.append((_mqar_widths, group))
+        if any(r.histories for row in group for r in row.runs):
+            panels.append((_mqar_training, group))
+    if not panels:
+        return None
+    _, fig, axes = _grid(len(panels))
+    for ax, (draw, group) in zip(axes, panels):
+        draw(ax, group)
+    return fig
+
+
+def _mqar_widths(ax, group: list[Row]) -> None:
+    for row, color in zip(group, _colors(group)):
+        points = _mqar_points(row).get(PAPER_MQAR, {})
+        widths = sorted(points)
+        ax.errorbar(widths, [points[w][0] for w in widths], yerr=[points[w][1] or 0.0 for w in widths], marker="o", capsize=3,
+                    label=f"{row.label} ({_seeds(len(row.runs))})", color=color)
+    ax.set(xscale="log", xlabel="model dimension", ylabel="accuracy", ylim=(-0.02, 1.02), title=_title(f"seq 512, 64 KV pairs: {group[0].title}"))
+    ax.legend(fontsize=6)
+    _claim(ax, paper.MQAR)
+
+
+def _mqar_training(ax, group: list[Row]) -> None:
+    styles = ("-", "--", ":", "-.")
+    settings = sorted({s for row in group for r in row.runs for s in r.histories}, key=lambda s: (len(s), s))
+    for row, color in zip(group, _colors(group)):
+        for run in row.runs:
+            first = run is row.runs[0]  # one legend entry per row and setting
+            for setting, (steps, scores) in sorted(run.histories.items()):
+                ax.plot(steps, scores, color=color, linestyle=styles[settings.index(setting) % len(styles)], linewidth=1.2,
+                        label=f"{row.label} {setting} ({_seeds(len(row.runs))})" if first else None)
+    vocab = group[0].runs[0].config.get("vocab")
+    if vocab:  # a guess among the values, each of which is one of vocab/2 tokens
+        ax.axhline(2 / vocab, color="black", linewidth=0.8, linestyle=":", label="chance")
+    ax.set(xlabel="training step", ylabel="query accuracy (test, after each epoch)", ylim=(-0.02, 1.02), title=_title(f"training: {group[0].title}", 50, lines=4))
+    ax.legend(fontsize=6)

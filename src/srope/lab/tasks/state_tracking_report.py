@@ -6,6 +6,7 @@ from srope.lab.report import paper
 from srope.lab.report.cells import (_every_run, _footnotes, _label_cell, _percent, _table, budget_cell, differences, fmt, holds_up_to,
                                     paper_cell, provenance_cell, seeds_cell)
 from srope.lab.report.page import Page, _header, _no_counterpart
+from srope.lab.report.plots import _claim, _curves, _grid, _title
 from srope.lab.report.records import Run
 from srope.lab.report.rows import Row, _by_group, _folders
 from srope.lab.report.verdicts import (EXTRAPOLATES, FAILS, LEARNS, RULES, VALIDITY, Verdict, _by_paper_row, _caveats, _inconclusive,
@@ -50,7 +51,7 @@ def _lost_by_the_end(row: Row, metric: str) -> list[str]:
             and isinstance(r["final"].get(metric), (int, float)) and r["final"][metric] < LEARNS]
 
 
-def state_tracking_page(rows: list[Row]) -> Page:
+def report_page(rows: list[Row]) -> Page:
     parts = ["# State tracking (v3 Fig. 7 (v1 Fig. 8))", "", f"Rule: {RULES['state_tracking']}", "", f"Validity: {VALIDITY}", ""]
     verdicts = []
     mine = [r for r in rows if r.experiment in {e.key for e in paper.STATE_TRACKING}]
@@ -78,7 +79,7 @@ def state_tracking_page(rows: list[Row]) -> Page:
                               "paper (Fig. 7)", "protocol differences", "budget", "provenance"], body), "",
                       "Every run:", "", _state_runs_table(group, eval_len), ""]
     parts += [_footnotes(mine), _no_counterpart([r for r in rows if r not in mine])]
-    return Page("state_tracking", "State tracking (S2 parity, A3)", "\n".join(parts).rstrip() + "\n", verdicts, rows)
+    return Page("state_tracking", "State tracking (S2 parity, A3)", "\n".join(parts).rstrip() + "\n", verdicts, rows, source="v3 Fig. 7")
 
 
 def state_tracking_verdict(exp: paper.Experiment, group: list[Row]) -> Verdict:
@@ -108,3 +109,16 @@ def state_tracking_verdict(exp: paper.Experiment, group: list[Row]) -> Verdict:
     if why:
         return _inconclusive(why, said + _caveats(best.values()))
     return Verdict("reproduced" if ok else "not reproduced", said + _caveats(best.values()))
+
+
+def report_plot(rows: list[Row]):
+    panels = [(exp, group) for exp in paper.STATE_TRACKING for group in _by_group([r for r in rows if r.experiment == exp.key]).values()]
+    if not panels:
+        return None
+    _, fig, axes = _grid(len(panels))
+    for ax, (exp, group) in zip(axes, panels):
+        _curves(ax, group, "seq_acc_by_length")
+        ax.set(xlabel="sequence length", ylabel="sequence accuracy", title=_title(f"{exp.title.split(': ', 1)[1]}: {group[0].title}", 70))
+        ax.title.set_fontsize(7)
+        _claim(ax, exp)
+    return fig

@@ -7,11 +7,12 @@ import statistics
 from srope.lab.report import paper
 from srope.lab.report.cells import _footnotes, _label_cell, _table, budget_cell, differences, fmt, provenance_cell, seeds_cell
 from srope.lab.report.page import Page, _no_counterpart, _opening
+from srope.lab.report.plots import _colors, _grid, _title
 from srope.lab.report.rows import Row, _by_group, _folders
 from srope.lab.report.verdicts import Verdict, _beats, _caveats
 
 
-def mad_page(rows: list[Row]) -> Page:
+def report_page(rows: list[Row]) -> Page:
     exp = paper.MAD
     mine, parts = _opening("mad", "MAD", exp, rows)
     columns = [*paper.MAD_TASK_ORDER, "average"]
@@ -37,7 +38,7 @@ def mad_page(rows: list[Row]) -> Page:
     if not mine:
         parts.append("No MAD results were found.")
     parts += [_footnotes(mine), _no_counterpart([r for r in rows if r.experiment != "mad"])]
-    return Page("mad", exp.title, "\n".join(parts).rstrip() + "\n", verdicts, rows)
+    return Page("mad", exp.title, "\n".join(parts).rstrip() + "\n", verdicts, rows, source=paper.MAD.source)
 
 
 def mad_verdict(group: list[Row]) -> Verdict:
@@ -71,3 +72,22 @@ def mad_verdict(group: list[Row]) -> Verdict:
         return Verdict("not comparable", f"{len(common)}/{paper.MAD_SETTINGS} settings (the paper averages all 66); the paper's ordering "
                        f"{'holds' if ordering else 'does not hold'} on them: {said}" + _caveats(named))
     return Verdict("reproduced" if ordering else "not reproduced", said + _caveats(named))
+
+
+def report_plot(rows: list[Row]):
+    groups = list(_by_group(rows).values())
+    _, fig, axes = _grid(len(groups), width=9.0, height=4.0)
+    columns = [*paper.MAD_TASK_ORDER, "average"]
+    for ax, group in zip(axes, groups):
+        width = 0.8 / max(1, len(group))
+        for i, (row, color) in enumerate(zip(group, _colors(group))):
+            xs = [j + (i - (len(group) - 1) / 2) * width for j in range(len(columns))]
+            ours = [100 * (row.mean(c) if row.mean(c) is not None else float("nan")) for c in columns]
+            ax.bar(xs, ours, width=width, label=f"{row.label} (ours)", color=color, alpha=0.8)
+            if row.paper_row:
+                theirs = [paper.MAD.value(row.paper_row, c).value for c in columns]
+                ax.scatter(xs, theirs, marker="_", s=120, color="black", zorder=3, label="paper (Table 1)" if i == 0 else None)
+        ax.set_xticks(range(len(columns)), [paper.MAD_SHORT[c] for c in columns], rotation=15, fontsize=7)
+        ax.set(ylabel="accuracy, %", ylim=(0, 105), title=_title(group[0].title, 100))
+        ax.legend(fontsize=6, ncol=2)
+    return fig

@@ -9,12 +9,13 @@ from srope.lab.report import paper
 from srope.lab.report.cells import (_every_run, _footnotes, _label_cell, _percent, _table, budget_cell, differences, fmt, holds_up_to,
                                     paper_cell, provenance_cell, seeds_cell)
 from srope.lab.report.page import Page, _no_counterpart, _opening
+from srope.lab.report.plots import _claim, _curves, _grid, _title
 from srope.lab.report.records import Run
 from srope.lab.report.rows import Row, _by_group, _folders
 from srope.lab.report.verdicts import COPY_EXTRAPOLATES, COPY_FITS, Verdict, _beats, _by_paper_row, _caveats, _inconclusive, invalid_test
 
 
-def copying_page(rows: list[Row]) -> Page:
+def report_page(rows: list[Row]) -> Page:
     exp = paper.COPYING
     mine, parts = _opening("copying", "Copying", exp, rows)
     verdicts = []
@@ -37,7 +38,7 @@ def copying_page(rows: list[Row]) -> Page:
     if not mine:
         parts.append("No copying results were found.")
     parts += [_footnotes(mine), _no_counterpart([r for r in rows if r.experiment != "copying"])]
-    return Page("copying", exp.title, "\n".join(parts).rstrip() + "\n", verdicts, rows)
+    return Page("copying", exp.title, "\n".join(parts).rstrip() + "\n", verdicts, rows, source=paper.COPYING.source)
 
 
 EXTRAPOLATION_LENGTHS = {"str_acc_by_length": (1.25, 1.5), "char_acc_by_length": (2, 4, 8)}  # multiples of the training length
@@ -94,3 +95,17 @@ def _mean_curve(row: Row, name: str) -> tuple[list, list] | None:
     x = curves[0][0]
     ys = [c[1] for c in curves if list(c[0]) == list(x)]
     return list(x), [statistics.fmean(v) for v in zip(*ys)]
+
+
+def report_plot(rows: list[Row]):
+    """String and character accuracy per group, on a log length axis: what matters happens
+    just past the training lengths, which a linear axis to 512 squeezes into a few pixels."""
+    groups = list(_by_group(rows).values())
+    _, fig, axes = _grid(2 * len(groups))
+    for i, group in enumerate(groups):
+        for ax, (name, label) in zip(axes[2 * i : 2 * i + 2], (("str_acc_by_length", "string"), ("char_acc_by_length", "character"))):
+            _curves(ax, group, name)
+            ax.set_xscale("log", base=2)
+            ax.set(xlabel="string length", ylabel=f"{label} accuracy", title=_title(group[0].title))
+        _claim(axes[2 * i], paper.COPYING)
+    return fig
