@@ -648,7 +648,7 @@ def run_ours_state_tracking(seed: int, out: dict, folder: Path) -> None:
     record = results["runs"][0]
     out.update(seconds=time.perf_counter() - start, loss_curve=record["loss_curve"], steps=record["steps"], planned_steps=record["planned_steps"],
                eval={"history": record["history"], "final": record["final"], "best": record["best"]}, overrides=overrides,
-               parameters=record.get("parameters"))
+               parameters=record.get("parameters"), metrics=record["metrics"])  # metrics: the reported evaluation, its accuracy by length included
 
 
 def run_one(args: argparse.Namespace) -> None:
