@@ -187,13 +187,27 @@ def test_model_step_with_fla_pieces_is_as_accurate_as_the_torch_pieces(mixer, mo
     assert not worse, f"relative error against float64 (fla, torch pieces): {worse}"
 
 
+def test_auto_gives_fla_only_large_training_norms_and_decode_sized_inference():
+    """fla's norms tune per block of 2,048 rows: "auto" gives them the training calls of large
+    models (one shape) and decode-sized inference, and keeps small models' steps (whose
+    length may change every curriculum stage) and long inference calls on PyTorch."""
+    from srope.ops.fused import FLA_NORM_MIN_ELEMENTS, NORM_INFERENCE_MAX_ROWS, fla_norm_pays
+
+    assert fla_norm_pays(8 * 4096, 1024, grad=True)  # gla-370m's step
+    assert fla_norm_pays(4 * 4096 * 4, 256, grad=True)  # its gated output norm at batch 4
+    assert not fla_norm_pays(256 * 128, 384, grad=True)  # the CUDA demo's last stage
+    assert not fla_norm_pays(FLA_NORM_MIN_ELEMENTS // 64 - 1, 64, grad=True)
+    assert fla_norm_pays(NORM_INFERENCE_MAX_ROWS, 4096, grad=False)
+    assert not fla_norm_pays(NORM_INFERENCE_MAX_ROWS + 1, 16, grad=False)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_auto_keeps_long_inference_calls_on_torch():
-    """Without gradients, calls of more than NORM_INFERENCE_MAX_ROWS rows take the PyTorch norm
-    (bit-equal to it) and decode-sized calls take fla's."""
+def test_auto_routes_norms_by_size_on_the_gpu():
+    """On the GPU, "auto" is bit-equal to PyTorch's norm for long inference calls and small
+    training calls, and to fla's for decode-sized and large training calls."""
     _fla_or_skip()
-    from srope.ops.fused import NORM_INFERENCE_MAX_ROWS
+    from srope.ops.fused import FLA_NORM_MIN_ELEMENTS, NORM_INFERENCE_MAX_ROWS
 
     w = torch.rand(64, device="cuda") + 0.5
     with torch.no_grad():
@@ -201,3 +215,7 @@ def test_auto_keeps_long_inference_calls_on_torch():
         assert torch.equal(rms_norm(long, w, 1e-5), rms_norm(long, w, 1e-5, backend="torch"))
         short = torch.randn(8, 64, device="cuda")
         assert torch.equal(rms_norm(short, w, 1e-5), rms_norm(short, w, 1e-5, backend="fla"))
+    small = torch.randn(4096, 64, device="cuda", requires_grad=True)
+    assert torch.equal(rms_norm(small, w, 1e-5), rms_norm(small, w, 1e-5, backend="torch"))
+    large = torch.randn(FLA_NORM_MIN_ELEMENTS // 64, 64, device="cuda", requires_grad=True)
+    assert torch.equal(rms_norm(large, w, 1e-5), rms_norm(large, w, 1e-5, backend="fla"))

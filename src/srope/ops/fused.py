@@ -6,9 +6,8 @@ backward, as fla's own models run them, instead of the four to ten PyTorch kerne
 unfused expression (in float32 for the norms). Elsewhere, and while ``torch.compile`` traces
 (inductor fuses the PyTorch expression itself), they are the PyTorch expression.
 
-``backend``: ``"auto"`` (fla where it can run; for the norms only in gradient steps and
-decode-sized calls, see :data:`NORM_INFERENCE_MAX_ROWS`; PyTorch under
-``srope.backend.use("torch")``), ``"torch"`` or ``"fla"`` (raises where fla cannot run the
+``backend``: ``"auto"`` (fla where it can run; for the norms only where
+:func:`fla_norm_pays` says so; PyTorch under ``srope.backend.use("torch")``), ``"torch"`` or ``"fla"`` (raises where fla cannot run the
 call). Under autocast, where fla fuses the residual add the normalised output
 comes out in the dtype of ``x`` (the autocast dtype) rather than float32: the same values,
 rounded once, as the linear map that reads them would round them.
@@ -23,10 +22,20 @@ from srope.ops.mixers._common import check_backend, fla_dtype_problem, fla_ops, 
 
 
 # fla's norm kernels are compiled and autotuned once per ceil(rows / 2048) (a constexpr and an
-# autotune key): a fixed training shape pays that once, but inference over many lengths (the
-# synthetic tasks' evaluation at every length to 512) would compile hundreds of variants.
-# "auto" therefore takes them for gradient steps and for calls of at most this many rows (decode).
+# autotune key), and one autotune of the forward or backward takes tens of seconds on an H100.
+# A large model trains at one shape and pays that once, for a kernel that then beats PyTorch's
+# several; a small model whose length changes (the demo's curriculum, a sweep's widths) would
+# stall at every new row count for kernels that save microseconds, and inference over many
+# lengths (evaluation at every length to 512) would compile hundreds of variants. So "auto"
+# takes fla's norms for gradient steps of at least FLA_NORM_MIN_ELEMENTS elements, and for
+# inference calls of at most NORM_INFERENCE_MAX_ROWS rows (decode: one row block, one tuning).
 NORM_INFERENCE_MAX_ROWS = 2048
+FLA_NORM_MIN_ELEMENTS = 1 << 24  # a 64 MiB float32 call: gla-370m's training step is twice that
+
+
+def fla_norm_pays(rows: int, width: int, grad: bool) -> bool:
+    """Whether ``backend="auto"`` gives a norm call of ``rows`` × ``width`` to fla."""
+    return rows * width >= FLA_NORM_MIN_ELEMENTS if grad else rows <= NORM_INFERENCE_MAX_ROWS
 
 
 def _fla(backend: str, *tensors: torch.Tensor, norm: bool = False):
@@ -35,7 +44,7 @@ def _fla(backend: str, *tensors: torch.Tensor, norm: bool = False):
     if backend == "torch" or torch.compiler.is_compiling():
         return None
     x = tensors[0]
-    if norm and backend == "auto" and not torch.is_grad_enabled() and x.numel() > NORM_INFERENCE_MAX_ROWS * x.shape[-1]:
+    if norm and backend == "auto" and not fla_norm_pays(x.numel() // max(x.shape[-1], 1), x.shape[-1], torch.is_grad_enabled()):
         return None
     if resolve_backend(backend, x.device, fla_dtype_problem(*tensors)) != "fla":
         return None
