@@ -7,6 +7,7 @@
 #                                         (PROBE=1: profile and concurrency probes first)
 #   bash experiments/release.sh collect   waits for the detached runs while the call lasts (CALL_S),
 #                                         then packs every results.json and log into $OUT/release.tgz
+#                                         (STOP=1: stops runs still going, keeping their checkpoints)
 # Detached runs live while the machine is warm: queue each collect as soon as the last returns.
 set -u
 END=$(($(date +%s) + ${CALL_S:-560}))
@@ -35,15 +36,19 @@ ALL
 )
 LIST
 }
-# One learning rate at a time; its encodings one after the other (MQAR_AT_ONCE=1: at once;
-# MQAR_AT_ONCE=all: every run at once, worth it under MPS), each to the protocol's end (early
-# stopping at 0.99) or MQAR_SECONDS.
+# Fig. 6's recipe (mqar-fig6, Zoology's model) at width MQAR_WIDTH, one learning rate of MQAR_LRS
+# after the other, its arms MQAR_ARMS one after the other (MQAR_AT_ONCE=1: at once; =all: every
+# run at once), seeds MQAR_SEEDS, each to the protocol's end (early stopping at 0.99) or
+# MQAR_SECONDS. A folder that holds a run already (an earlier call's, carried in out/release)
+# resumes from its checkpoint.
 mqar_chain() {
-  for lr in ${MQAR_LRS:-0.002154434690031882}; do
-    for pe in ${MQAR_ORDER:-selective_rope nope rope}; do
-      name="mqar-d${MQAR_WIDTH:-128}-lr$lr-$pe"
-      synth mqar --preset release --position "$pe" --set configs=512x64 --set d_models="${MQAR_WIDTH:-128}" --set lrs="$lr" \
-        --set max_seconds="${MQAR_SECONDS:-700}" --out "out/release/$name" > "out/release/$name.log" 2>&1 &
+  for lr in ${MQAR_LRS:-0.00215}; do
+    for arm in ${MQAR_ARMS:-srope nope rope}; do
+      name="mqar-fig6-d${MQAR_WIDTH:-128}-lr$lr-$arm" args=()
+      [ "${MQAR_SECONDS:-none}" = none ] || args+=(--set "max_seconds=$MQAR_SECONDS")
+      [ -f "out/release/$name/results.json" ] && args+=(--resume)
+      synth --recipe "mqar-fig6:$arm" --set d_models="${MQAR_WIDTH:-128}" --set lrs="$lr" --set seeds="${MQAR_SEEDS:-0}" \
+        "${args[@]}" --out "out/release/$name" > "out/release/$name.log" 2>&1 &
       [ "${MQAR_AT_ONCE:-0}" = 0 ] && wait
     done
     [ "${MQAR_AT_ONCE:-0}" = all ] || wait
@@ -72,7 +77,17 @@ case "$1" in
     setsid nohup bash out/gpu/release-chain.sh > out/gpu/release-chain.log 2>&1 < /dev/null &
     echo $! > out/gpu/release-chain.pid ;;&
   start|collect)
-    while kill -0 "$(cat out/gpu/release-chain.pid)" 2>/dev/null && [ $((END - $(date +%s))) -gt 25 ]; do sleep 10; done
+    while kill -0 "$(cat out/gpu/release-chain.pid)" 2>/dev/null && [ $((END - $(date +%s))) -gt ${STOP_MARGIN:-25} ]; do sleep 10; done
+    keep=(--exclude=checkpoints)
+    if [ "${STOP:-0}" = 1 ] && kill -0 "$(cat out/gpu/release-chain.pid)" 2>/dev/null; then
+      # the last call of the machine: every run checkpoints at its next step and exits; the
+      # latest checkpoints travel back, to resume from out/release in a later session
+      pkill -INT -f "srope synth"; sleep 45
+      mapfile -t keep < <(echo "--exclude=*.tmp"; for c in out/release/*/runs/*/checkpoints; do
+        [ -d "$c" ] && ls -d "$c"/step_* | grep -v '\.tmp$' | head -n -1 | sed 's|^out/|--exclude=|'; done)
+    fi
     for f in out/release/mqar-*.log; do echo "$f: $(tail -c 300 "$f" | tr '\r' '\n' | tail -n 1)"; done
-    tar czf "$R/release.tgz" --exclude=checkpoints --exclude='*.safetensors' -C out release gpu/release-chain.log; ls -la "$R" ;;
+    tar czf "$R/release.tgz" "${keep[@]}" -C out release gpu/release-chain.log
+    [ "$(stat -c %s "$R/release.tgz")" -le $((15 << 20)) ] || { split -b 15M -d "$R/release.tgz" "$R/release.tgz." && rm "$R/release.tgz"; }
+    ls -la "$R" ;;
 esac
