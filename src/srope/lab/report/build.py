@@ -27,7 +27,8 @@ def page_builders() -> list[tuple[str, Callable[[list[Row]], Page]]]:
     return sorted([*builders, ("lm", lm_page)], key=lambda item: order.index(item[0]) if item[0] in order else len(order))
 
 
-def build_pages(collected: Collected) -> list[Page]:
+def build_pages(collected: Collected, *, by_folder: bool = False) -> list[Page]:
+    """Every page; ``by_folder``: each task's page also has a table with one row per result folder."""
     rows = _rows(collected.runs)
     for experiment in {r.experiment for r in rows}:
         groups = _by_group([r for r in rows if r.experiment == experiment])
@@ -38,6 +39,10 @@ def build_pages(collected: Collected) -> list[Page]:
     pages = []
     for name, builder in page_builders():
         pages.append(builder([r for r in rows if family(r.experiment) == name]))
+    if by_folder:
+        from srope.lab.report.folders import add_to_pages
+
+        add_to_pages(pages, collected.read)
     return pages
 
 

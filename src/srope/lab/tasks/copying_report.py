@@ -8,6 +8,7 @@ from collections.abc import Callable
 from srope.lab.report import paper
 from srope.lab.report.cells import (_every_run, _footnotes, _label_cell, _percent, _table, budget_cell, differences, fmt, holds_up_to,
                                     paper_cell, provenance_cell, seeds_cell)
+from srope.lab.report.folders import pct, status
 from srope.lab.report.page import Page, _no_counterpart, _opening
 from srope.lab.report.plots import _claim, _curves, _grid, _title
 from srope.lab.report.records import Run
@@ -109,3 +110,24 @@ def report_plot(rows: list[Row]):
             ax.set(xlabel="string length", ylabel=f"{label} accuracy", title=_title(group[0].title))
         _claim(axes[2 * i], paper.COPYING)
     return fig
+
+
+# ---------------------------------------------------------------------------------------
+# One row per result folder (srope report --by-folder, and srope synth's closing table)
+
+FOLDER_TITLE = "Copying (teacher-forced, %)"
+FOLDER_NOTE = "The paper shows copying only as a figure (Fig. 5, accuracy vs length, GLA) without numbers."
+
+
+def folder_table(results_list: list[dict]) -> str:
+    rows = []
+    for res in results_list:
+        for entry in res.get("summary", {}).values():
+            curve = entry["curves"].get("str_acc_by_length", {})
+            at = dict(zip(curve.get("x", []), curve.get("mean", [])))
+            picks = [pct(at.get(n)) for n in (64, 128, 256, 512)]
+            s = entry["scalars"]
+            rows.append([res["label"] + status(res), pct(s.get("str_acc_train_range")), pct(s.get("str_acc_extrapolation")),
+                         pct(s.get("char_acc_extrapolation")), *picks, f"{entry['lr']:g}", str(len(entry["seeds"]))])
+    header = ["model", "str acc ≤ train len", "str acc > train len", "char acc > train len", "str @64", "str @128", "str @256", "str @512", "lr", "seeds"]
+    return _table(header, rows)

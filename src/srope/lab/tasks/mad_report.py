@@ -6,6 +6,7 @@ import statistics
 
 from srope.lab.report import paper
 from srope.lab.report.cells import _footnotes, _label_cell, _table, budget_cell, differences, fmt, provenance_cell, seeds_cell
+from srope.lab.report.folders import pct, status
 from srope.lab.report.page import Page, _no_counterpart, _opening
 from srope.lab.report.plots import _colors, _grid, _title
 from srope.lab.report.rows import Row, _by_group, _folders
@@ -91,3 +92,36 @@ def report_plot(rows: list[Row]):
         ax.set(ylabel="accuracy, %", ylim=(0, 105), title=_title(group[0].title, 100))
         ax.legend(fontsize=6, ncol=2)
     return fig
+
+
+# ---------------------------------------------------------------------------------------
+# One row per result folder (srope report --by-folder, and srope synth's closing table)
+
+FOLDER_TITLE = "MAD (score, %: best over the optimiser grid per setting, mean per task)"
+FOLDER_NOTE = "Paper rows: Table 1 (GLA, 66 settings x 6 optimiser points). Our MAD accuracy is torchmetrics' macro average, as MAD's."
+PAPER_MAD_TABLE1 = paper.mad_table1()
+
+
+def paper_mad_row(results: dict) -> str | None:
+    """The Table-1 row that matches a MAD run (GLA only), from its position options."""
+    from srope.lab.report.collect_synth import paper_variant
+
+    kind = results.get("position_type")
+    if results.get("mixer") != "gla" or kind not in ("nope", "rope", "selective_rope"):
+        return None
+    return paper_variant(kind, results.get("config", {}).get("position", {}).get(kind) or {}, with_options=True)
+
+
+def folder_table(results_list: list[dict]) -> str:
+    """Ours per folder, each followed by the paper's Table-1 row of the same variant."""
+    rows = []
+    for res in results_list:
+        agg = res.get("aggregate") or {}
+        per_task = agg.get("per_task", {})
+        note = "" if agg.get("complete") else f" ({sum(agg.get('settings_per_task', {}).values())}/{paper.MAD_SETTINGS} settings)"
+        rows.append([res["label"] + status(res) + note, *[pct(per_task.get(t)) for t in paper.MAD_TASK_ORDER], pct(agg.get("average"))])
+        row = paper_mad_row(res)
+        if row is not None:
+            values = PAPER_MAD_TABLE1[row]
+            rows.append([f"paper: GLA {row}", *[f"{values[t]:.1f}" for t in paper.MAD_TASK_ORDER], f"{values['average']:.1f}"])
+    return _table(["model", *[paper.MAD_SHORT[t] for t in paper.MAD_TASK_ORDER], "Average"], rows)

@@ -6,6 +6,7 @@ import statistics
 
 from srope.lab.report import paper
 from srope.lab.report.cells import _footnotes, _label_cell, _table, budget_cell, differences, fmt, paper_cell, provenance_cell, seeds_cell
+from srope.lab.report.folders import pct, status
 from srope.lab.report.page import Page, _no_counterpart, _opening
 from srope.lab.report.plots import _claim, _colors, _grid, _seeds, _title
 from srope.lab.report.rows import Row, _by_group, _folders
@@ -134,3 +135,22 @@ def _mqar_training(ax, group: list[Row]) -> None:
         ax.axhline(2 / vocab, color="black", linewidth=0.8, linestyle=":", label="chance")
     ax.set(xlabel="training step", ylabel="query accuracy (test, after each epoch)", ylim=(-0.02, 1.02), title=_title(f"training: {group[0].title}", 50, lines=4))
     ax.legend(fontsize=6)
+
+
+# ---------------------------------------------------------------------------------------
+# One row per result folder (srope report --by-folder, and srope synth's closing table)
+
+FOLDER_TITLE = "MQAR (accuracy on query positions, %, best lr)"
+FOLDER_NOTE = "The paper shows MQAR only as a figure (Fig. 6, seq 512 / 64 KV pairs, accuracy vs model dimension) without numbers."
+
+
+def folder_table(results_list: list[dict]) -> str:
+    dims = sorted({entry["x"] for res in results_list for entry in res.get("summary", {}).values() if entry["x"] is not None})
+    rows = []
+    for res in results_list:
+        groups: dict[str, dict[float, float]] = {}
+        for entry in res.get("summary", {}).values():
+            groups.setdefault(entry["group"], {})[entry["x"]] = entry["score_mean"]
+        for group, by_dim in sorted(groups.items(), key=lambda kv: int(kv[0].split("-")[0][1:])):
+            rows.append([res["label"] + status(res), group, *[pct(by_dim.get(d)) for d in dims]])
+    return _table(["model", "seq × KV", *[f"d={int(d)}" for d in dims]], rows)

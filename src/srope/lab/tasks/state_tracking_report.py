@@ -5,6 +5,7 @@ from __future__ import annotations
 from srope.lab.report import paper
 from srope.lab.report.cells import (_every_run, _footnotes, _label_cell, _percent, _table, budget_cell, differences, fmt, holds_up_to,
                                     paper_cell, provenance_cell, seeds_cell)
+from srope.lab.report.folders import pct, seeds_spread, status
 from srope.lab.report.page import Page, _header, _no_counterpart
 from srope.lab.report.plots import _claim, _curves, _grid, _title
 from srope.lab.report.records import Run
@@ -122,3 +123,27 @@ def report_plot(rows: list[Row]):
         ax.title.set_fontsize(7)
         _claim(ax, exp)
     return fig
+
+
+# ---------------------------------------------------------------------------------------
+# One row per result folder (srope report --by-folder, and srope synth's closing table)
+
+FOLDER_TITLE = "State tracking (sequence accuracy, %)"
+FOLDER_NOTE = ("The paper shows state tracking only as a figure (Fig. 7: S2 with 1-layer GLA/Transformer, A3 with 2-layer DeltaNet) "
+               "without numbers.")
+
+
+def folder_table(results_list: list[dict]) -> str:
+    rows = []
+    for res in results_list:
+        cfg = res["config"]
+        for name, entry in res.get("summary", {}).items():
+            train_acc, _ = seeds_spread(entry, "seq_acc_at_train_len")
+            eval_acc, eval_std = seeds_spread(entry, "score")
+            last = entry.get("final_scalars", {})
+            rows.append([res["label"] + status(res), name, pct(train_acc), pct(eval_acc, eval_std), pct(entry["scalars"].get("token_acc")),
+                         f"{pct(last.get('seq_acc_at_train_len'))} / {pct(last.get('score'))}",
+                         f"{entry['lr']:g}", str(len(entry["seeds"])), str(cfg["train_len"]), str(cfg["eval_len"])])
+    header = ["model", "group", "seq acc @ train len", "seq acc @ eval len", "token acc", "last eval: @ train len / @ eval len", "lr", "seeds",
+              "train len", "eval len"]
+    return _table(header, rows)
