@@ -86,7 +86,9 @@ class PreviousToken:
 
 
 class PreviousTokenReport:
-    """Its page in ``srope report``, as a task's report module would be."""
+    """Its page in ``srope report`` and the rule of its verdicts, as a task's report module would be."""
+
+    RULE = "Reproduced when every encoding recalls the previous token (score >= 0.9)."
 
     @staticmethod
     def report_page(rows):
@@ -157,6 +159,7 @@ def test_a_registered_task_brings_its_page_to_srope_report(registered, tmp_path)
     assert "# Previous token\n\ngla/selective_rope: " in (tmp_path / "report" / "previous_token.md").read_text()
     index = written["index"].read_text()
     assert "| [Previous token](previous_token.md) | ours | no results |" in index
+    assert f"\n- previous_token: {PreviousTokenReport.RULE}\n" in index  # its rule among the paper's
     assert index.index("(mad.md)") < index.index("(lm.md)") < index.index("(previous_token.md)")  # the paper's order, then the rest
 
 

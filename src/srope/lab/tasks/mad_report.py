@@ -12,10 +12,16 @@ from srope.lab.report.plots import _colors, _grid, _title
 from srope.lab.report.rows import Row, _by_group, _folders
 from srope.lab.report.verdicts import Verdict, _beats, _caveats
 
+RULE = (
+    "Numbers are comparable only over all 66 settings (the paper averages them). Ordering: reproduced when every Selective RoPE variant's average "
+    "beats NoPE's and the best Selective RoPE variant is not beaten by RoPE (v3's text: improves over NoPE, matches or improves upon RoPE); "
+    "with fewer settings the ordering is checked on the settings every variant ran and the verdict is \"not comparable\" with that ordering stated."
+)
+
 
 def report_page(rows: list[Row]) -> Page:
     exp = paper.MAD
-    mine, parts = _opening("mad", "MAD", exp, rows)
+    mine, parts = _opening("mad", "MAD", exp, rows, RULE)
     columns = [*paper.MAD_TASK_ORDER, "average"]
     parts += ["Cells: ours (mean ± sd over seeds of the protocol score, %) and the paper's Table 1 value in brackets.", ""]
     verdicts = []

@@ -6,12 +6,22 @@ from srope.lab.report import paper
 from srope.lab.report.cells import (_every_run, _footnotes, _label_cell, _percent, _table, budget_cell, differences, fmt, holds_up_to,
                                     paper_cell, provenance_cell, seeds_cell)
 from srope.lab.report.folders import pct, seeds_spread, status
-from srope.lab.report.page import Page, _header, _no_counterpart
+from srope.lab.report.page import Page, _header, _no_counterpart, validity
 from srope.lab.report.plots import _claim, _curves, _grid, _title
 from srope.lab.report.records import Run
 from srope.lab.report.rows import Row, _by_group, _folders
-from srope.lab.report.verdicts import (EXTRAPOLATES, FAILS, LEARNS, RULES, VALIDITY, Verdict, _by_paper_row, _caveats, _inconclusive,
-                                       invalid_test)
+from srope.lab.report.verdicts import Verdict, _by_paper_row, _caveats, _inconclusive, invalid_test
+
+LEARNS, FAILS, EXTRAPOLATES = 0.99, 0.9, 0.9  # the protocol's stopping threshold; "does not learn" below 0.9
+# The protocols (48,900-195,400 steps) are asked at a tenth, with the schedule planned over the
+# steps run (max_steps).
+MIN_STEPS_SHARE = 0.1
+RULE = (
+    f"\"Learns\": mean sequence accuracy at the training length >= {LEARNS} (the protocol's stopping threshold); \"does not learn\": below {FAILS}; "
+    f"\"extrapolates\": >= {EXTRAPOLATES} at the evaluation length. GLA S2 is reproduced when Selective RoPE learns and extrapolates and NoPE and RoPE "
+    "do not learn; Transformer S2 when Selective RoPE learns and NoPE and RoPE do not; DeltaNet A3 when Selective RoPE learns. A panel the text "
+    "makes no claim about is not comparable."
+)
 
 
 def _state_runs_table(group: list[Row], eval_len) -> str:
@@ -53,7 +63,7 @@ def _lost_by_the_end(row: Row, metric: str) -> list[str]:
 
 
 def report_page(rows: list[Row]) -> Page:
-    parts = ["# State tracking (v3 Fig. 7 (v1 Fig. 8))", "", f"Rule: {RULES['state_tracking']}", "", f"Validity: {VALIDITY}", ""]
+    parts = ["# State tracking (v3 Fig. 7 (v1 Fig. 8))", "", f"Rule: {RULE}", "", f"Validity: {validity()}", ""]
     verdicts = []
     mine = [r for r in rows if r.experiment in {e.key for e in paper.STATE_TRACKING}]
     for exp in paper.STATE_TRACKING:
@@ -106,7 +116,7 @@ def state_tracking_verdict(exp: paper.Experiment, group: list[Row]) -> Verdict:
             checks.append((f"{name} does not learn: {fmt(s)}%", s is not None and s[0] < FAILS))
     ok = all(passed for _, passed in checks)
     said = "; ".join(f"{text} ({'yes' if passed else 'no'})" for text, passed in checks)
-    why = invalid_test("state_tracking", best.values())
+    why = invalid_test(best.values(), MIN_STEPS_SHARE)
     if why:
         return _inconclusive(why, said + _caveats(best.values()))
     return Verdict("reproduced" if ok else "not reproduced", said + _caveats(best.values()))
