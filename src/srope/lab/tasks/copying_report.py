@@ -8,6 +8,7 @@ from collections.abc import Callable
 from srope.lab.report import paper
 from srope.lab.report.cells import (_every_run, _footnotes, _label_cell, _percent, _table, budget_cell, differences, fmt, holds_up_to,
                                     paper_cell, provenance_cell, seeds_cell)
+from srope.lab.report.collect_synth import SweepRecords
 from srope.lab.report.folders import pct, status
 from srope.lab.report.page import Page, _no_counterpart, _opening
 from srope.lab.report.plots import _claim, _curves, _grid, _title
@@ -140,3 +141,26 @@ def folder_table(results_list: list[dict]) -> str:
                          pct(s.get("char_acc_extrapolation")), *picks, f"{entry['lr']:g}", str(len(entry["seeds"]))])
     header = ["model", "str acc ≤ train len", "str acc > train len", "char acc > train len", "str @64", "str @128", "str @256", "str @512", "lr", "seeds"]
     return _table(header, rows)
+
+
+# ---------------------------------------------------------------------------------------
+# How a sweep's records become report runs (srope.lab.report.collect_synth)
+
+
+class Records(SweepRecords):
+    def fields(self, cfg: dict, settings: list[str], points: int) -> dict:
+        steps = cfg.get("steps") if cfg.get("max_steps") is None else min(cfg["steps"], cfg["max_steps"])
+        return {**super().fields(cfg, settings, points), "steps": steps, "batch": cfg.get("batch_size"),
+                "longest train string": cfg.get("max_len"), "longest eval string": _max_length(cfg.get("eval_lengths"))}
+
+    def describe(self, cfg: dict) -> str:
+        return f"{super().describe(cfg)}, {cfg.get('steps')} steps x {cfg.get('batch_size')}, strings {cfg.get('min_len')}-{cfg.get('max_len')}"
+
+
+def _max_length(spec) -> int | None:
+    """The largest length of an ``eval_lengths`` spec such as ``"2-512:30"`` or ``"2,8,16"``."""
+    numbers = [int(tok) for tok in str(spec).replace(":", ",").replace("-", ",").split(",") if tok.strip().isdigit()]
+    if not numbers:
+        return None
+    text = str(spec)
+    return int(text.split(":")[0].split("-")[-1]) if "-" in text else max(numbers)

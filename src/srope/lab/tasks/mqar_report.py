@@ -6,11 +6,13 @@ import statistics
 
 from srope.lab.report import paper
 from srope.lab.report.cells import _footnotes, _label_cell, _table, budget_cell, differences, fmt, paper_cell, provenance_cell, seeds_cell
+from srope.lab.report.collect_synth import SweepRecords, _count, model_size
 from srope.lab.report.folders import pct, status
 from srope.lab.report.page import Page, _no_counterpart, _opening
 from srope.lab.report.plots import _claim, _colors, _grid, _seeds, _title
 from srope.lab.report.rows import Row, _by_group, _folders
 from srope.lab.report.verdicts import Verdict, _beats, _caveats, _inconclusive, invalid_test
+from srope.lab.tasks.release import zoology_batch_size
 
 LEARNS = 0.5  # query accuracy some arm needs at 512 x 64 for a valid test
 MIN_STEPS_SHARE = 1.0  # the released protocol is cheap enough to run in full
@@ -162,3 +164,27 @@ def folder_table(results_list: list[dict]) -> str:
         for group, by_dim in sorted(groups.items(), key=lambda kv: int(kv[0].split("-")[0][1:])):
             rows.append([res["label"] + status(res), group, *[pct(by_dim.get(d)) for d in dims]])
     return _table(["model", "seq × KV", *[f"d={int(d)}" for d in dims]], rows)
+
+
+# ---------------------------------------------------------------------------------------
+# How a sweep's records become report runs (srope.lab.report.collect_synth)
+
+
+class Records(SweepRecords):
+    """One score per setting (a model width at a sequence length and KV-pair count)."""
+
+    def fields(self, cfg: dict, settings: list[str], points: int) -> dict:
+        return {"layers": cfg.get("model", {}).get("num_hidden_layers"), "vocab": cfg.get("vocab"), "train set": cfg.get("train_examples"),
+                "epochs": cfg.get("epochs"), "batch": cfg.get("batch_size") or zoology_batch_size(512), "lr points": points}
+
+    def describe(self, cfg: dict) -> str:
+        return f"{cfg.get('mixer', 'gla')} {model_size(cfg, width=False)}, {cfg.get('epochs')} epochs x {_count(cfg.get('train_examples'))} examples"
+
+    def batch(self, cfg: dict, setting: dict) -> int | None:
+        return cfg.get("batch_size") or zoology_batch_size(int(setting.get("params", {}).get("seq_len", setting.get("max_len", 0))))
+
+    def metrics(self, records: dict[str, dict]) -> tuple[dict, dict]:
+        return {setting: record["score"] for setting, record in records.items()}, {}
+
+    def budget(self, examples: float, cfg: dict, trained: int) -> float:
+        return examples / trained  # the paper's budget is per trained model, i.e. per width

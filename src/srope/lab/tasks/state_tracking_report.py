@@ -5,6 +5,7 @@ from __future__ import annotations
 from srope.lab.report import paper
 from srope.lab.report.cells import (_every_run, _footnotes, _label_cell, _percent, _table, budget_cell, differences, fmt, holds_up_to,
                                     paper_cell, provenance_cell, seeds_cell)
+from srope.lab.report.collect_synth import SweepRecords, _count
 from srope.lab.report.folders import pct, seeds_spread, status
 from srope.lab.report.page import Page, _header, _no_counterpart, validity
 from srope.lab.report.plots import _claim, _curves, _grid, _title
@@ -157,3 +158,36 @@ def folder_table(results_list: list[dict]) -> str:
     header = ["model", "group", "seq acc @ train len", "seq acc @ eval len", "token acc", "last eval: @ train len / @ eval len", "lr", "seeds",
               "train len", "eval len"]
     return _table(header, rows)
+
+
+# ---------------------------------------------------------------------------------------
+# How a sweep's records become report runs (srope.lab.report.collect_synth)
+
+PRESET_EVAL_SIZE = 500_000  # the presets' evaluation set (srope.lab.tasks.state_tracking)
+
+
+class Records(SweepRecords):
+    def experiment(self, cfg: dict) -> str:
+        """The paper's panel (host and group), or ``state_tracking/other/...``."""
+        mixer = cfg.get("mixer", "gla")
+        host = {"gla": "gla", "attention": "attention"}.get(mixer)
+        if mixer == "gated_deltanet" and cfg.get("model", {}).get("use_forget_gate") is False:
+            host = "deltanet"
+        key = f"state_tracking/{host}-{cfg.get('group')}"
+        return key if key in paper.EXPERIMENTS else f"state_tracking/other/{mixer}-{cfg.get('group')}"
+
+    def fields(self, cfg: dict, settings: list[str], points: int) -> dict:
+        lrs = cfg.get("lrs") or []
+        return {**super().fields(cfg, settings, points), "train set": cfg.get("train_size"), "epochs": cfg.get("epochs"), "batch": cfg.get("batch_size"),
+                "lr": lrs[0] if len(lrs) == 1 else lrs, "train len": cfg.get("train_len"), "eval len": cfg.get("eval_len")}
+
+    def describe(self, cfg: dict) -> str:
+        return (f"{super().describe(cfg)}, {cfg.get('group')}, {cfg.get('epochs')} epochs x {_count(cfg.get('train_size'))} sequences, "
+                f"length {cfg.get('train_len')} -> {cfg.get('eval_len')}")
+
+    def budget(self, examples: float, cfg: dict, trained: int) -> float:
+        return examples * cfg.get("train_len", 1)  # the protocol's unit is tokens
+
+    def notes(self, cfg: dict) -> list[str]:
+        size = cfg.get("eval_size")
+        return [] if size in (None, PRESET_EVAL_SIZE) else [f"eval set {size:,} sequences, not {PRESET_EVAL_SIZE:,}"]
