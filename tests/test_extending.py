@@ -163,6 +163,18 @@ def test_a_registered_task_brings_its_page_to_srope_report(registered, tmp_path)
     assert index.index("(mad.md)") < index.index("(lm.md)") < index.index("(previous_token.md)")  # the paper's order, then the rest
 
 
+def test_a_registered_task_without_a_page_shows_its_scores_in_srope_report(registered, tmp_path):
+    from srope.lab.report.write import write_report
+
+    register_task("previous_token", module=PreviousToken, presets=("tiny", "longer"), replace=True)
+    argv = ["synth", "previous_token", "--set", "epochs=1", "--out", str(tmp_path / "run"), "--device", "cpu", "--no-progress", "--cache-dir", "none"]
+    assert main(argv) == 0
+    write_report([tmp_path / "run"], tmp_path / "report", plots=False, by_folder=True)
+    page = (tmp_path / "report" / "previous_token.md").read_text()
+    assert page.startswith("# previous_token\n\n## Runs without a counterpart in the paper\n") and "| gla/selective_rope | " in page
+    assert "### previous_token\n\n| model | setting | score | lr | seeds |" in page  # --by-folder: each setting's score
+
+
 def test_registering_a_name_twice_is_refused_unless_replaced(registered):
     with pytest.raises(ValueError, match="position encoding 'scaled' is already registered"):
         register_position("scaled", label="again", build=ScaledQueries)

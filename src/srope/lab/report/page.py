@@ -13,13 +13,14 @@ from srope.lab.report.verdicts import Verdict, validity_text
 
 def pages() -> list[tuple[str, Any]]:
     """Each page's name and module, in the paper's order (pages the paper has no experiment for
-    last): the synthetic tasks' (the task registry names them) and the LM page. A module's
+    last): the synthetic tasks' (the task registry names them; a task without one gets a
+    :class:`ScoresPage`) and the LM page. A module's
     ``report_page(rows)`` builds the page; its ``RULE`` states the verdict rule, and a task
     whose verdicts check the test's validity sets ``MIN_STEPS_SHARE`` and ``VALIDITY``."""
     from srope.lab.report import page_lm
     from srope.lab.tasks.registry import tasks
 
-    modules = [(name, module) for name, entry in tasks.items() if (module := entry.report_module()) is not None]
+    modules = [(name, entry.report_module() or ScoresPage(name)) for name, entry in tasks.items()]
     order = list(dict.fromkeys(key.split("/")[0] for key in paper.EXPERIMENTS))
     return sorted([*modules, ("lm", page_lm)], key=lambda item: order.index(item[0]) if item[0] in order else len(order))
 
@@ -78,3 +79,13 @@ def _no_counterpart(rows: list[Row]) -> str:
             [_label_cell(r), fmt(r.stat(metric), scale, digits), seeds_cell(r), provenance_cell(r)] for r in group]), ""]
     lines.append(_footnotes(rows))
     return "\n".join(lines)
+
+
+class ScoresPage:
+    """The page of a registered task that brings none: each variant's score, no verdict."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def report_page(self, rows: list[Row]) -> Page:
+        return Page(self.name, self.name, f"# {self.name}\n\n{_no_counterpart(rows) or 'No results.'}".rstrip() + "\n", [], rows)
