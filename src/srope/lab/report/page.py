@@ -14,9 +14,9 @@ from srope.lab.report.verdicts import Verdict, validity_text
 def pages() -> list[tuple[str, Any]]:
     """Each page's name and module, in the paper's order (pages the paper has no experiment for
     last): the synthetic tasks' (the task registry names them; a task without one gets a
-    :class:`ScoresPage`) and the LM page. A module's
-    ``report_page(rows)`` builds the page; its ``RULE`` states the verdict rule, and a task
-    whose verdicts check the test's validity sets ``MIN_STEPS_SHARE`` and ``VALIDITY``."""
+    :class:`ScoresPage`) and the LM page. A module's ``report_page(rows)`` builds the page; its
+    ``RULE`` states the verdict rule, and a task whose verdicts check the test's validity sets
+    ``MIN_STEPS_SHARE`` and ``VALIDITY``."""
     from srope.lab.report import page_lm
     from srope.lab.tasks.registry import tasks
 
