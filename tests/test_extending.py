@@ -86,7 +86,9 @@ class PreviousToken:
 
 
 class PreviousTokenReport:
-    """Its page in ``srope report``, as a task's report module would be."""
+    """Its page in ``srope report`` and the rule of its verdicts, as a task's report module would be."""
+
+    RULE = "Reproduced when every encoding recalls the previous token (score >= 0.9)."
 
     @staticmethod
     def report_page(rows):
@@ -157,7 +159,20 @@ def test_a_registered_task_brings_its_page_to_srope_report(registered, tmp_path)
     assert "# Previous token\n\ngla/selective_rope: " in (tmp_path / "report" / "previous_token.md").read_text()
     index = written["index"].read_text()
     assert "| [Previous token](previous_token.md) | ours | no results |" in index
+    assert f"\n- previous_token: {PreviousTokenReport.RULE}\n" in index  # its rule among the paper's
     assert index.index("(mad.md)") < index.index("(lm.md)") < index.index("(previous_token.md)")  # the paper's order, then the rest
+
+
+def test_a_registered_task_without_a_page_shows_its_scores_in_srope_report(registered, tmp_path):
+    from srope.lab.report.write import write_report
+
+    register_task("previous_token", module=PreviousToken, presets=("tiny", "longer"), replace=True)
+    argv = ["synth", "previous_token", "--set", "epochs=1", "--out", str(tmp_path / "run"), "--device", "cpu", "--no-progress", "--cache-dir", "none"]
+    assert main(argv) == 0
+    write_report([tmp_path / "run"], tmp_path / "report", plots=False, by_folder=True)
+    page = (tmp_path / "report" / "previous_token.md").read_text()
+    assert page.startswith("# previous_token\n\n## Runs without a counterpart in the paper\n") and "| gla/selective_rope | " in page
+    assert "### previous_token\n\n| model | setting | score | lr | seeds |" in page  # --by-folder: each setting's score
 
 
 def test_registering_a_name_twice_is_refused_unless_replaced(registered):

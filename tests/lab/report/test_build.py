@@ -245,7 +245,7 @@ def test_time_limited_runs_of_a_row_are_one_note(tmp_path):
 
 
 def test_the_state_tracking_preset_eval_size_is_the_one_the_report_names():
-    from srope.lab.report.collect_synth import ST_PRESET_EVAL_SIZE
+    from srope.lab.tasks.state_tracking_report import PRESET_EVAL_SIZE as ST_PRESET_EVAL_SIZE
     from srope.lab.tasks.state_tracking import PRESETS
 
     assert {PRESETS[name].eval_size for name in ("authors", "paper", "paper_a3")} == {ST_PRESET_EVAL_SIZE}

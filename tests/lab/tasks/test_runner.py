@@ -17,7 +17,7 @@ from srope.lab.tasks import run_synthetic
 from srope.lab.tasks.cli import add_synth_arguments, run_synth_command
 from srope.lab.config import apply_overrides
 from srope.lab.tasks.common import ArrayStream, Prepared, Setting, check_train_config
-from srope.lab.tasks.runner import head_at_targets, report, resolve_preset, train_run  # srope.lab.tasks.report is also a module's name
+from srope.lab.tasks.runner import head_at_targets, report, resolve_preset, train_run
 from srope.lab.tasks.state_tracking import PRESETS as ST_PRESETS
 from srope.lab.cli import srope_model_factory
 from tests.lab.tasks.standin import gru_factory
@@ -266,8 +266,9 @@ def test_cli_handler(tmp_path, capsys):
     assert run_synth_command(_parse(argv), gru_factory) == 0
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["label"] == "gla/nope" and saved["config"]["group"] == "A3" and saved["overrides"]["position_type"] == "nope"
-    assert run_synth_command(_parse(["report", str(tmp_path / "run"), "--out", str(tmp_path / "r.md")]), gru_factory) == 0
-    assert "gla/nope" in (tmp_path / "r.md").read_text()
+    assert "| gla/nope [" in capsys.readouterr().out  # the sweep's closing table (srope.lab.report.folders)
+    with pytest.raises(ValueError, match=r"`srope synth report` is now `srope report DIR\.\.\.`"):
+        run_synth_command(_parse(["report", str(tmp_path / "run")]), gru_factory)
     with pytest.raises(ValueError, match="unknown setting"):
         run_synth_command(_parse(["copying", "--set", "bogus=1", "--out", str(tmp_path / "y")]), gru_factory)
     with pytest.raises(ValueError, match="--out"):

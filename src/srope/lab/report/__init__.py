@@ -6,11 +6,14 @@
   (:mod:`~srope.lab.report.records`), by way of :mod:`~srope.lab.report.collect_synth` (synthetic tasks,
   demo) and :mod:`~srope.lab.report.collect_lm` (language modelling).
 - :mod:`srope.lab.report.rows` groups those records into table rows (mean ± sd over seeds);
-  :mod:`srope.lab.report.verdicts` holds the verdict rules, thresholds and tests of validity and
-  :mod:`srope.lab.report.cells` the tables' cells. Each synthetic task's page (markdown, verdict and
-  figure) lives beside the task, in the module its registration names (``srope.lab.tasks.copying_report``,
+  :mod:`srope.lab.report.verdicts` holds what every verdict shares (the verdict, "A beats B", a
+  valid test) and :mod:`srope.lab.report.cells` the tables' cells. Each synthetic task's page
+  (markdown, verdict rule, thresholds and validity, figure, table of result folders) lives beside
+  the task, in the module its registration names (``srope.lab.tasks.copying_report``,
   ``mqar_report``, ``state_tracking_report``, ``mad_report``); the LM page is
-  :mod:`~srope.lab.report.page_lm`; all share :mod:`~srope.lab.report.page`.
+  :mod:`~srope.lab.report.page_lm`; all share :mod:`~srope.lab.report.page`, which lists them.
+  :mod:`srope.lab.report.folders` tabulates ``srope synth`` result folders one by one
+  (``srope report --by-folder``, and what ``srope synth`` prints).
   :mod:`srope.lab.report.build` builds every page (the tasks' through the task registry) and the index;
   :mod:`srope.lab.report.plots` draws the figures with their shared helpers; :mod:`srope.lab.report.write` writes them.
 - :mod:`srope.lab.report.cli`: the argument parser and handler for ``srope report``.

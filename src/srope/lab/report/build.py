@@ -7,12 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from srope.lab.report import paper
-from srope.lab.report.page import Page
-from srope.lab.report.page_lm import lm_page
+from srope.lab.report.page import Page, pages, rules
 from srope.lab.report.records import OUR_RECIPE, Collected
 from srope.lab.report.rows import Row, _by_group, _rows, _titles
-from srope.lab.report.verdicts import MARGIN, RULES, Verdict
-from srope.lab.tasks.registry import tasks
+from srope.lab.report.verdicts import MARGIN, Verdict
 
 
 def family(experiment: str) -> str:
@@ -20,14 +18,12 @@ def family(experiment: str) -> str:
 
 
 def page_builders() -> list[tuple[str, Callable[[list[Row]], Page]]]:
-    """Each synthetic task's page (the task registry names its module) and the LM page, in the
-    paper's order; pages the paper has no experiment for come last."""
-    builders = [(name, module.report_page) for name, entry in tasks.items() if (module := entry.report_module()) is not None]
-    order = list(dict.fromkeys(family(key) for key in paper.EXPERIMENTS))
-    return sorted([*builders, ("lm", lm_page)], key=lambda item: order.index(item[0]) if item[0] in order else len(order))
+    """Each page's builder in the paper's order (:func:`srope.lab.report.page.pages`)."""
+    return [(name, module.report_page) for name, module in pages()]
 
 
-def build_pages(collected: Collected) -> list[Page]:
+def build_pages(collected: Collected, *, by_folder: bool = False) -> list[Page]:
+    """Every page; ``by_folder``: each task's page also has a table with one row per result folder."""
     rows = _rows(collected.runs)
     for experiment in {r.experiment for r in rows}:
         groups = _by_group([r for r in rows if r.experiment == experiment])
@@ -38,6 +34,10 @@ def build_pages(collected: Collected) -> list[Page]:
     pages = []
     for name, builder in page_builders():
         pages.append(builder([r for r in rows if family(r.experiment) == name]))
+    if by_folder:
+        from srope.lab.report.folders import add_to_pages
+
+        add_to_pages(pages, collected.read)
     return pages
 
 
@@ -89,7 +89,7 @@ def index_markdown(pages: list[Page], collected: Collected, dirs: list[Path]) ->
             lines.append(f"- {where}: {verdict.line()}")
         if not page.verdicts:
             lines.append("- no results")
-    lines += ["", "## Rules", "", *(f"- {name}: {rule}" for name, rule in RULES.items()), "",
+    lines += ["", "## Rules", "", *(f"- {name}: {rule}" for name, rule in rules().items()), "",
               f"An ordering \"A beats B\" needs a difference larger than the larger seed sd and than {MARGIN} (synthetic accuracies) or 0 (LM).", "",
               "## Files", "", f"Read {len(collected.read)} result files. Skipped {len(collected.skipped)} JSON files that are no srope result:"]
     skipped_dirs: dict[Path, int] = {}

@@ -1,6 +1,6 @@
 """``srope report``: the argument parser and its handler, for ``srope.lab.cli`` to mount.
 
-    srope report DIR [DIR ...] [--out FOLDER] [--no-plots]
+    srope report DIR [DIR ...] [--out FOLDER] [--no-plots] [--by-folder]
 
 Building the parser imports only argparse; the handler imports the report when it runs.
 """
@@ -26,6 +26,8 @@ def add_report_arguments(commands: argparse._SubParsersAction) -> argparse.Argum
     report.add_argument("dirs", nargs="+", metavar="DIR", help="result folders or files")
     report.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     report.add_argument("--no-plots", action="store_true", help="write the markdown only")
+    report.add_argument("--by-folder", action="store_true",
+                        help="also a table per task with one row per srope synth result folder (its best lr, seeds, lengths; MAD beside Table 1's rows)")
     report.set_defaults(func=run_report_command)
     return report
 
@@ -33,7 +35,7 @@ def add_report_arguments(commands: argparse._SubParsersAction) -> argparse.Argum
 def run_report_command(args: argparse.Namespace) -> int:
     from srope.lab.report.write import write_report
 
-    written = write_report(args.dirs, args.out, plots=not args.no_plots)
+    written = write_report(args.dirs, args.out, plots=not args.no_plots, by_folder=args.by_folder)
     for page, verdicts in written["verdicts"].items():
         for panel, group, status, _ in verdicts:
             print(f"{page}{' / ' + panel if panel else ''}{' / ' + group if group else ''}: {status}")

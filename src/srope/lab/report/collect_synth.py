@@ -1,14 +1,17 @@
-"""Runs of the synthetic tasks: ``srope synth`` sweeps (best optimiser point per setting) and ``srope demo``."""
+"""Runs of the synthetic tasks: ``srope synth`` sweeps (best optimiser point per setting) and ``srope demo``.
+
+What differs between tasks (the experiment a sweep belongs to, its protocol fields, how a
+seed's records become one run's metrics and budget) is the task page's: its module (the task
+registry's ``report``) may define ``Records``, a :class:`SweepRecords` with those overridden.
+"""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
-from srope.lab.report import paper
 from srope.lab.report.records import OUR_RECIPE, Run, _key, label_of, read_provenance
-from srope.lab.tasks.release import zoology_batch_size
+from srope.lab.tasks.registry import tasks
 
 
 # Config entries that do not change what a run measures (or that the report pools over). A
@@ -29,74 +32,72 @@ def paper_variant(position_type: str, options: dict, *, with_options: bool) -> s
     return {(False, False): "Selective RoPE", (True, False): "+ phase gate", (False, True): "+ bias", (True, True): "+ phase gate & bias"}[(gate, bias)]
 
 
-def _synth_experiment(task: str, cfg: dict) -> str:
-    mixer = cfg.get("mixer", "gla")
-    if task == "state_tracking":
-        host = {"gla": "gla", "attention": "attention"}.get(mixer)
-        if mixer == "gated_deltanet" and cfg.get("model", {}).get("use_forget_gate") is False:
-            host = "deltanet"
-        key = f"state_tracking/{host}-{cfg.get('group')}"
-        return key if key in paper.EXPERIMENTS else f"state_tracking/other/{mixer}-{cfg.get('group')}"
-    return task if mixer == "gla" else f"{task}/other/{mixer}"
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-ST_PRESET_EVAL_SIZE = 500_000  # the state-tracking presets' evaluation set (srope.lab.tasks.state_tracking)
+def model_size(cfg: dict, *, width: bool = True) -> str:
+    model = cfg.get("model", {})
+    return f"{model.get('num_hidden_layers', '?')} layers" + (f" x {model.get('hidden_size', 'd')}" if width else "")
 
 
-def _run_examples(task: str, cfg: dict, setting: dict, run: dict) -> float | None:
+class SweepRecords:
+    """How the records of one task's ``srope synth`` sweeps become report runs; a task's page
+    module subclasses it as ``Records`` where its task differs."""
+
+    paper_row_options = False  # whether the paper's rows tell Selective RoPE's gate and bias apart
+
+    def __init__(self, task: str):
+        self.task = task
+
+    def experiment(self, cfg: dict) -> str:
+        """The key of the paper's experiment (:data:`srope.lab.report.paper.EXPERIMENTS`) a sweep belongs to."""
+        mixer = cfg.get("mixer", "gla")
+        return self.task if mixer == "gla" else f"{self.task}/other/{mixer}"
+
+    def fields(self, cfg: dict, settings: list[str], points: int) -> dict:
+        """The protocol values compared with the paper's (``settings``: those run; ``points``: the optimiser grid's size)."""
+        model = cfg.get("model", {})
+        return {"layers": model.get("num_hidden_layers"), "width": model.get("hidden_size"), "heads": model.get("num_heads")}
+
+    def describe(self, cfg: dict) -> str:
+        """The protocol in words, after ``srope synth TASK --preset P``."""
+        return f"{cfg.get('mixer', 'gla')} {model_size(cfg)}"
+
+    def batch(self, cfg: dict, setting: dict) -> int | None:
+        return cfg.get("batch_size")
+
+    def metrics(self, records: dict[str, dict]) -> tuple[dict[str, float], dict[str, tuple[list, list]]]:
+        """One seed's metrics and curves from its record per setting."""
+        metrics: dict[str, float] = {}
+        curves: dict[str, tuple[list, list]] = {}
+        for record in records.values():
+            metrics.update({k: v for k, v in record["metrics"].items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+            for name, curve in record["metrics"].get("curves", {}).items():
+                curves[name] = (curve["x"], curve["y"])
+        return metrics, curves
+
+    def budget(self, examples: float, cfg: dict, trained: int) -> float:
+        """The budget in the protocol's unit from the examples (sequences) that ``trained`` models were allowed."""
+        return examples
+
+    def notes(self, cfg: dict) -> list[str]:
+        """What a row says of its protocol beyond the paper's fields."""
+        return []
+
+
+def sweep_records(task: str) -> SweepRecords:
+    module = tasks[task].report_module()
+    return getattr(module, "Records", SweepRecords)(task)
+
+
+def _run_examples(batch: int | None, run: dict) -> float | None:
     """Examples (sequences) a run was allowed to train on: its planned steps x batch (the steps
     it trained when a time limit ended it)."""
     steps = run.get("steps") if run.get("stopped") == "time" else run.get("planned_steps")
     if steps is None:
         return None
-    batch = cfg.get("batch_size") or (zoology_batch_size(int(setting.get("params", {}).get("seq_len", setting.get("max_len", 0)))) if task == "mqar" else None)
     return float(steps * batch) if batch else None
-
-
-def _max_length(spec: Any) -> int | None:
-    """The largest length of an ``eval_lengths`` spec such as ``"2-512:30"`` or ``"2,8,16"``."""
-    numbers = [int(tok) for tok in str(spec).replace(":", ",").replace("-", ",").split(",") if tok.strip().isdigit()]
-    if not numbers:
-        return None
-    text = str(spec)
-    return int(text.split(":")[0].split("-")[-1]) if "-" in text else max(numbers)
-
-
-def _synth_fields(task: str, cfg: dict, settings: list[str], points: int) -> dict:
-    model = cfg.get("model", {})
-    common = {"layers": model.get("num_hidden_layers"), "width": model.get("hidden_size"), "heads": model.get("num_heads")}
-    if task == "copying":
-        return {**common, "steps": cfg.get("steps") if cfg.get("max_steps") is None else min(cfg["steps"], cfg["max_steps"]), "batch": cfg.get("batch_size"),
-                "longest train string": cfg.get("max_len"), "longest eval string": _max_length(cfg.get("eval_lengths"))}
-    if task == "mqar":
-        return {"layers": model.get("num_hidden_layers"), "vocab": cfg.get("vocab"), "train set": cfg.get("train_examples"), "epochs": cfg.get("epochs"),
-                "batch": cfg.get("batch_size") or zoology_batch_size(512), "lr points": points}
-    if task == "state_tracking":
-        lrs = cfg.get("lrs") or []
-        return {**common, "train set": cfg.get("train_size"), "epochs": cfg.get("epochs"), "batch": cfg.get("batch_size"),
-                "lr": lrs[0] if len(lrs) == 1 else lrs, "train len": cfg.get("train_len"), "eval len": cfg.get("eval_len")}
-    if task == "mad":
-        return {**common, "batch": cfg.get("batch_size"), "epochs": cfg.get("epochs"), "optimiser points": points, "settings": len(settings)}
-    return common
-
-
-def _count(value: Any) -> str:
-    return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-def _synth_group(task: str, cfg: dict, preset: str | None) -> str:
-    model = cfg.get("model", {})
-    size = f"{model.get('num_hidden_layers', '?')} layers x {model.get('hidden_size', 'd')}" if task != "mqar" else f"{model.get('num_hidden_layers', '?')} layers"
-    parts = [f"srope synth {task} --preset {preset}", f"{cfg.get('mixer', 'gla')} {size}"]
-    if task == "copying":
-        parts.append(f"{cfg.get('steps')} steps x {cfg.get('batch_size')}, strings {cfg.get('min_len')}-{cfg.get('max_len')}")
-    elif task == "state_tracking":
-        parts.append(f"{cfg.get('group')}, {cfg.get('epochs')} epochs x {_count(cfg.get('train_size'))} sequences, length {cfg.get('train_len')} -> {cfg.get('eval_len')}")
-    elif task == "mqar":
-        parts.append(f"{cfg.get('epochs')} epochs x {_count(cfg.get('train_examples'))} examples")
-    elif task == "mad":
-        parts.append(f"up to {cfg.get('epochs')} epochs, batch {cfg.get('batch_size')}")
-    return ", ".join(parts)
 
 
 def synthetic_runs(files: list[tuple[Path, dict]]) -> list[Run]:
@@ -105,13 +106,14 @@ def synthetic_runs(files: list[tuple[Path, dict]]) -> list[Run]:
         task, cfg = data["task"], data.get("config", {})
         position_type = data.get("position_type") or cfg.get("position_type")
         options = (cfg.get("position") or {}).get(position_type, {}) or {}
-        experiment = _synth_experiment(task, cfg)
+        reader = sweep_records(task)
+        experiment = reader.experiment(cfg)
         protocol = {k: v for k, v in cfg.items() if k not in _NOT_PROTOCOL}
         group_key = _key([task, protocol])
         variant = {"type": position_type, "options": options, "label": data.get("label")}
         pool = pools.setdefault((experiment, group_key, _key(variant)), {
             "task": task, "cfg": cfg, "preset": data.get("preset"), "label": data.get("label") or f"{cfg.get('mixer')}/{position_type}",
-            "paper_row": paper_variant(position_type, options, with_options=task == "mad"), "records": {}, "settings": {},
+            "paper_row": paper_variant(position_type, options, with_options=reader.paper_row_options), "records": {}, "settings": {},
             "provenance": {}, "sources": [], "complete": True, "release_differences": data.get("release_differences"),
         })
         pool["sources"].append(path)
@@ -133,6 +135,7 @@ def synthetic_runs(files: list[tuple[Path, dict]]) -> list[Run]:
 def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> list[Run]:
     """Per setting, the optimiser point with the best mean score over seeds; one Run per seed."""
     task, cfg = pool["task"], pool["cfg"]
+    reader = sweep_records(task)
     grid: dict[str, dict[tuple, list[dict]]] = {}
     for (setting, lr, wd, _seed), record in pool["records"].items():
         grid.setdefault(setting, {}).setdefault((lr, wd), []).append(record)
@@ -144,25 +147,18 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
         points = max(points, len(by_point))
     seeds = sorted({r["seed"] for records in chosen.values() for r in records}, key=str)
     notes = [] if pool["complete"] else ["incomplete"]
-    fields = _synth_fields(task, cfg, sorted(chosen), points)
+    fields = reader.fields(cfg, sorted(chosen), points)
     runs = []
     for seed in seeds:
         mine = {s: next((r for r in records if r["seed"] == seed), None) for s, records in chosen.items()}
         mine = {s: r for s, r in mine.items() if r is not None}
-        metrics: dict[str, float] = {}
-        curves: dict[str, tuple[list, list]] = {}
+        metrics, curves = reader.metrics(mine)
         histories = {s: ([h["step"] for h in r["history"]], [h["score"] for h in r["history"]]) for s, r in mine.items() if r.get("history")}
         budget = 0.0
         seed_notes, time_limited, reported, shares = list(notes), [], [], []
         for setting, record in mine.items():
-            examples = _run_examples(task, cfg, pool["settings"].get(setting, {}), record)
+            examples = _run_examples(reader.batch(cfg, pool["settings"].get(setting, {})), record)
             budget = budget + examples if examples is not None and budget is not None else None
-            if task in ("mqar", "mad"):  # one score per setting (model width, MAD task setting)
-                metrics[setting] = record["score"]
-            else:
-                metrics.update({k: v for k, v in record["metrics"].items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
-                for name, curve in record["metrics"].get("curves", {}).items():
-                    curves[name] = (curve["x"], curve["y"])
             select = cfg.get("select", "final")
             reported.append({"select": select, "step": _reported_step(record, select), "steps": record.get("steps"), "final": record.get("final", {})})
             shares.append(_steps_share(record))
@@ -175,17 +171,12 @@ def _select(experiment: str, group_key: str, variant_key: str, pool: dict) -> li
                 # the schedule decays over the cap, unlike a time-limited run's: say which it was
                 note = f"{cfg['schedule']} schedule over {capped:,} steps (max_steps)"
                 seed_notes += [note] if note not in seed_notes else []
-        if task == "state_tracking" and cfg.get("eval_size") not in (None, ST_PRESET_EVAL_SIZE):
-            seed_notes.append(f"eval set {cfg['eval_size']:,} sequences, not {ST_PRESET_EVAL_SIZE:,}")
-        if task == "mad":
-            metrics = {**mad_scores(metrics), **{f"s:{name}": score for name, score in metrics.items()}}
-        elif task == "state_tracking" and budget is not None:
-            budget *= cfg.get("train_len", 1)  # the protocol's unit is tokens
-        if task == "mqar" and budget is not None and mine:
-            budget /= len(mine)  # the paper's budget is per trained model, i.e. per width
+        seed_notes += reader.notes(cfg)
+        if budget is not None and mine:
+            budget = reader.budget(budget, cfg, len(mine))
         provs = [pool["provenance"][(s, r["lr"], r["weight_decay"], seed)] for s, r in mine.items()]
         runs.append(Run(
-            experiment=experiment, group_key=group_key, group=_synth_group(task, cfg, pool["preset"]), variant_key=variant_key, label=pool["label"],
+            experiment=experiment, group_key=group_key, group=f"srope synth {task} --preset {pool['preset']}, {reader.describe(cfg)}", variant_key=variant_key, label=pool["label"],
             paper_row=pool["paper_row"], seed=seed, metrics=metrics, curves=curves, budget=budget or None, fields=fields,
             provenance=list(dict.fromkeys(p for group, _ in provs for p in group)), sources=list(dict.fromkeys(src for _, src in provs)), notes=seed_notes,
             time_limited=time_limited, trained=len(mine),
@@ -216,18 +207,6 @@ def _reported_step(record: dict, select: str) -> int | None:
         return history[-1]["step"]
     top = max(h["score"] for h in history)
     return next(h["step"] for h in history if h["score"] == top)
-
-
-def mad_scores(per_setting: dict[str, float]) -> dict[str, float]:
-    """MAD's protocol score from per-setting results: the mean per task over its settings,
-    the mean of those, and how many settings each task has (``n:<task>``)."""
-    by_task: dict[str, list[float]] = {}
-    for name, score in per_setting.items():
-        by_task.setdefault(name.split("/")[0], []).append(float(score))
-    out: dict[str, float] = {task: sum(v) / len(v) for task, v in by_task.items()}
-    out["average"] = sum(out.values()) / len(out) if out else math.nan
-    out.update({f"n:{task}": float(len(v)) for task, v in by_task.items()})
-    return out
 
 
 def demo_runs(files: list[tuple[Path, dict]]) -> list[Run]:

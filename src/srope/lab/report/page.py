@@ -3,17 +3,45 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from srope.lab.report import paper
 from srope.lab.report.cells import _footnotes, _label_cell, _short, _table, fmt, provenance_cell, seeds_cell
 from srope.lab.report.rows import Row, _by_group
-from srope.lab.report.verdicts import MIN_STEPS_SHARE, RULES, VALIDITY, Verdict
+from srope.lab.report.verdicts import Verdict, validity_text
 
 
-def _opening(name: str, title: str, exp: paper.Experiment, rows: list[Row]) -> tuple[list[Row], list[str]]:
-    """The rows of experiment ``name`` and the first lines of its page: title, header, rule."""
-    validity = [f"Validity: {VALIDITY}", ""] if name in MIN_STEPS_SHARE else []
-    return [r for r in rows if r.experiment == name], [f"# {title} ({exp.source})", "", _header(exp), "", f"Rule: {RULES[name]}", "", *validity]
+def pages() -> list[tuple[str, Any]]:
+    """Each page's name and module, in the paper's order (pages the paper has no experiment for
+    last): the synthetic tasks' (the task registry names them; a task without one gets a
+    :class:`ScoresPage`) and the LM page. A module's ``report_page(rows)`` builds the page; its
+    ``RULE`` states the verdict rule, and a task whose verdicts check the test's validity sets
+    ``MIN_STEPS_SHARE`` and ``VALIDITY``."""
+    from srope.lab.report import page_lm
+    from srope.lab.tasks.registry import tasks
+
+    modules = [(name, entry.report_module() or ScoresPage(name)) for name, entry in tasks.items()]
+    order = list(dict.fromkeys(key.split("/")[0] for key in paper.EXPERIMENTS))
+    return sorted([*modules, ("lm", page_lm)], key=lambda item: order.index(item[0]) if item[0] in order else len(order))
+
+
+def rules() -> dict[str, str]:
+    """Every page's verdict rule, by page name."""
+    return {name: module.RULE for name, module in pages() if getattr(module, "RULE", None)}
+
+
+def validity() -> str:
+    """When a test is valid, over every task whose verdicts ask it (one sentence for all, so
+    that a reader of one page sees how much the others ask)."""
+    checked = [(name, module) for name, module in pages() if hasattr(module, "MIN_STEPS_SHARE")]
+    return validity_text({name: module.MIN_STEPS_SHARE for name, module in checked}, [module.VALIDITY for _, module in checked if getattr(module, "VALIDITY", "")])
+
+
+def _opening(name: str, title: str, exp: paper.Experiment, rows: list[Row], rule: str, *, valid: bool = False) -> tuple[list[Row], list[str]]:
+    """The rows of experiment ``name`` and the first lines of its page: title, header, rule
+    and (``valid``: its verdicts check it) when a test is valid."""
+    head = [f"# {title} ({exp.source})", "", _header(exp), "", f"Rule: {rule}", ""]
+    return [r for r in rows if r.experiment == name], head + ([f"Validity: {validity()}", ""] if valid else [])
 
 
 def _header(exp: paper.Experiment) -> str:
@@ -51,3 +79,13 @@ def _no_counterpart(rows: list[Row]) -> str:
             [_label_cell(r), fmt(r.stat(metric), scale, digits), seeds_cell(r), provenance_cell(r)] for r in group]), ""]
     lines.append(_footnotes(rows))
     return "\n".join(lines)
+
+
+class ScoresPage:
+    """The page of a registered task that brings none: each variant's score, no verdict."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def report_page(self, rows: list[Row]) -> Page:
+        return Page(self.name, self.name, f"# {self.name}\n\n{_no_counterpart(rows) or 'No results.'}".rstrip() + "\n", [], rows)

@@ -1,13 +1,16 @@
-"""The verdict rules of ``srope report``: thresholds, validity of a test and what "A beats B" means.
+"""What the verdicts of ``srope report`` share: the :class:`Verdict`, what "A beats B" means, a valid test.
 
 Verdicts: each protocol group (runs that share a protocol) gets one line, "reproduced",
-"not reproduced", "inconclusive (why)" or "not comparable (why)", by the rule :data:`RULES`
-states for the experiment. A verdict is only as good as its test: the copying, MQAR and
-state-tracking rules first check that the runs are a valid test (:data:`VALIDITY`: the released
-configuration, enough of the protocol's steps, and for copying and MQAR a baseline that learns
-where the paper's does) and say "inconclusive" with the reason when they are not. "A beats B"
-means A's mean exceeds B's by more than the larger of the two seed sds and :data:`MARGIN`; with
-one seed the spread is unknown, and the verdict says so.
+"not reproduced", "inconclusive (why)" or "not comparable (why)", by the rule its page states.
+Each page keeps its rule, thresholds and validity condition beside it (``RULE``,
+``MIN_STEPS_SHARE``, ``VALIDITY`` in the task's page module, which the task registry names;
+:func:`srope.lab.report.page.rules` and :func:`~srope.lab.report.page.validity` gather them).
+A verdict is only as good as its test: the copying, MQAR and state-tracking rules first check
+that the runs are a valid test (:func:`validity_text`: the released configuration, enough of the
+protocol's steps, and for copying and MQAR a baseline that learns where the paper's does) and
+say "inconclusive" with the reason when they are not. "A beats B" means A's mean exceeds B's by
+more than the larger of the two seed sds and :data:`MARGIN`; with one seed the spread is
+unknown, and the verdict says so.
 """
 
 from __future__ import annotations
@@ -20,49 +23,15 @@ from srope.lab.report.rows import Row
 
 
 MARGIN = 0.01  # accuracies in [0, 1]: smaller differences are not an ordering
-LEARNS, FAILS, EXTRAPOLATES = 0.99, 0.9, 0.9  # state tracking: the protocol's stopping threshold; "does not learn" below 0.9
-COPY_EXTRAPOLATES = 0.5  # copying: string accuracy beyond the training length that counts as extrapolating
-COPY_FITS = 0.9  # copying: string accuracy at the training lengths every arm needs for a valid test
-MQAR_LEARNS = 0.5  # MQAR: query accuracy some arm needs at 512 x 64 for a valid test
-# The least share of the protocol's steps a run of a valid test trains (a run that met its
-# stopping threshold counts as whole): the released protocols of copying and MQAR are cheap
-# enough to run in full; state tracking's (48,900-195,400 steps) is asked at a tenth, with
-# its schedule planned over the steps run (max_steps).
-MIN_STEPS_SHARE = {"copying": 1.0, "mqar": 1.0, "state_tracking": 0.1}
-VALIDITY = (
-    "A test is valid when every run behind it used a release-exact preset without leaving the released configuration "
-    "(`srope synth TASK --preset release`; docs/release-presets.md) and trained at least "
-    + ", ".join(f"{v:.0%} ({k.replace('_', ' ')})" for k, v in MIN_STEPS_SHARE.items())
-    + f" of its protocol's steps; for copying every arm also copies at least {COPY_FITS:.0%} of the strings at the training lengths, "
-    f"for MQAR some arm reaches {MQAR_LEARNS:.0%} at sequence 512 / 64 KV pairs. Otherwise the verdict is \"inconclusive\" with the reason."
-)
 
-RULES = {
-    "copying": (
-        f"Reproduced when Selective RoPE's (best variant's) string accuracy on strings longer than the training strings is at least "
-        f"{COPY_EXTRAPOLATES} and beats NoPE's and RoPE's (Fig. 5's claim: it extrapolates, RoPE does not); not comparable without all three encodings."
-    ),
-    "mqar": (
-        "Reproduced when, at sequence 512 with 64 KV pairs (the paper's only panel), Selective RoPE's accuracy averaged over the model widths that all "
-        "three encodings ran beats NoPE's and RoPE's (Fig. 6's claim: the greatest improvement over NoPE); not comparable without that setting or an encoding."
-    ),
-    "state_tracking": (
-        f"\"Learns\": mean sequence accuracy at the training length >= {LEARNS} (the protocol's stopping threshold); \"does not learn\": below {FAILS}; "
-        f"\"extrapolates\": >= {EXTRAPOLATES} at the evaluation length. GLA S2 is reproduced when Selective RoPE learns and extrapolates and NoPE and RoPE "
-        "do not learn; Transformer S2 when Selective RoPE learns and NoPE and RoPE do not; DeltaNet A3 when Selective RoPE learns. A panel the text "
-        "makes no claim about is not comparable."
-    ),
-    "mad": (
-        "Numbers are comparable only over all 66 settings (the paper averages them). Ordering: reproduced when every Selective RoPE variant's average "
-        "beats NoPE's and the best Selective RoPE variant is not beaten by RoPE (v3's text: improves over NoPE, matches or improves upon RoPE); "
-        "with fewer settings the ordering is checked on the settings every variant ran and the verdict is \"not comparable\" with that ordering stated."
-    ),
-    "lm": (
-        "Comparable only with lm-eval's six zero-shot accuracies (Table 3's Avg) for NoPE, RoPE and Selective RoPE: reproduced when the encoding with the "
-        "paper's best Avg in that block also has our best Avg and beats the others (for the ablation: \"+ phase gate\" > \"+ SiLU\" > \"Baseline\" in Avg, "
-        "Table 2's order). Perplexity on another corpus or at another scale is shown, with its ordering, but is not comparable."
-    ),
-}
+
+def validity_text(min_steps_share: dict[str, float], conditions: list[str]) -> str:
+    """When a test is valid: what every task asks (the release, a share of the protocol's
+    steps, ``min_steps_share`` by task) and the tasks' own ``conditions``."""
+    steps = ", ".join(f"{v:.0%} ({k.replace('_', ' ')})" for k, v in min_steps_share.items())
+    return ("A test is valid when every run behind it used a release-exact preset without leaving the released configuration "
+            f"(`srope synth TASK --preset release`; docs/release-presets.md) and trained at least {steps} of its protocol's steps"
+            + (f"; {', '.join(conditions)}" if conditions else "") + ". Otherwise the verdict is \"inconclusive\" with the reason.")
 
 
 @dataclass
@@ -102,9 +71,9 @@ def _by_paper_row(rows: list[Row], metric: str) -> dict[str, Row]:
     return out
 
 
-def invalid_test(family: str, rows: Iterable[Row]) -> str | None:
-    """Why ``rows`` are not a valid test of the paper's claim (release and budget), or None."""
-    floor = MIN_STEPS_SHARE[family]
+def invalid_test(rows: Iterable[Row], floor: float) -> str | None:
+    """Why ``rows`` are not a valid test of the paper's claim (the release, and at least the
+    share ``floor`` of the protocol's steps), or None."""
     for row in rows:
         differences = [r.release_differences for r in row.runs]
         if any(d is None for d in differences):

@@ -9,9 +9,10 @@ from srope.lab.report.build import build_pages, index_markdown
 from srope.lab.report.collect import MAX_DEPTH, collect
 
 
-def write_report(dirs: list[Path | str], out: Path | str = "out/report", *, plots: bool = True) -> dict:
+def write_report(dirs: list[Path | str], out: Path | str = "out/report", *, plots: bool = True, by_folder: bool = False) -> dict:
     """Read the results under ``dirs`` and write ``out/index.md``, one ``<experiment>.md``
-    per experiment and its PNG; return what was written and every verdict."""
+    per experiment and its PNG; return what was written and every verdict. ``by_folder``: each
+    task's page also tabulates its ``srope synth`` folders one by one."""
     if not dirs:
         raise ValueError("srope report needs at least one result folder")
     collected = collect(list(dirs))
@@ -22,7 +23,7 @@ def write_report(dirs: list[Path | str], out: Path | str = "out/report", *, plot
         )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    pages = build_pages(collected)
+    pages = build_pages(collected, by_folder=by_folder)
     written = []
     for page in pages:
         if plots and page.rows:

@@ -6,7 +6,8 @@ Tasks (one module each, registered by name in :mod:`srope.lab.tasks.registry`): 
 problems: S2 parity, A3, S3, S5).
 
 ``run_synthetic(task, model_factory, out=..., overrides=...)`` trains and evaluates one model
-configuration with the task's protocol; ``report(dirs)`` compares result folders.
+configuration with the task's protocol; ``report(dirs)`` tabulates result folders, one row each
+(what ``srope synth`` prints; ``srope report`` compares experiments).
 Attributes import their module on first use (``srope --help`` stays fast).
 """
 

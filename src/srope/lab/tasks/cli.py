@@ -5,7 +5,6 @@
     srope synth TASK ... --dry-run          # print the resolved preset and settings, run nothing
     srope synth --recipe NAME[:ARM] [options as above]
     srope synth --list-recipes
-    srope synth report DIR [DIR ...] [--out FILE]
 
 ``--jobs N`` trains N of the sweep's runs at once in worker processes; ``--resume``
 continues the sweep in ``--out`` exactly where it stopped (SIGINT, SIGTERM,
@@ -37,8 +36,8 @@ from srope.registry import mixers, positions
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     from srope.lab import recipes
 
-    parser.add_argument("task", nargs="?", default=None, help=f"one of: {', '.join(tasks)}; or 'report' to tabulate result folders (not needed with --recipe)")
-    parser.add_argument("dirs", nargs="*", help="(report) result folders to compare")
+    parser.add_argument("task", nargs="?", default=None, help=f"one of: {', '.join(tasks)} (not needed with --recipe)")
+    parser.add_argument("dirs", nargs="*", help=argparse.SUPPRESS)  # only to point `srope synth report DIR...` at `srope report`
     parser.add_argument("--preset", default=None, help="task preset: cpu (small, under a minute on 2 cores), paper, and the task's own (mqar: zoology; copying, state_tracking: authors; state_tracking also paper_a3); --dry-run lists them")
     parser.add_argument("--recipe", default=None, metavar="NAME[:ARM]",
                         help=f"a named, versioned run of the paper ({', '.join(recipes.names())}; --list-recipes shows their arms): "
@@ -50,7 +49,7 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start from these settings: a sweep's results.json, or a JSON/TOML file of the task's settings (optional task, preset); "
                              "precedence: preset < FILE < --mixer/--position < --set")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a preset entry (repeatable)")
-    parser.add_argument("--out", default=None, help="result folder (a task run) or markdown file (report; default: print)")
+    parser.add_argument("--out", default=None, help="result folder")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--cache-dir", default="default", help="data cache (default: $SROPE_CACHE or ~/.cache/srope)")
     parser.add_argument("--label", default=None, help="row name in reports (default: MIXER/POSITION[+gate][+bias])")
@@ -121,22 +120,13 @@ def run_synth_command(args: argparse.Namespace, model_factory: Any) -> int:
 
         print(recipes.listing())
         return 0
-    if args.task != "report":
-        task, preset, overrides = synth_request(args)  # a misspelt name is refused before torch loads
+    if args.task == "report":
+        raise ValueError("`srope synth report` is now `srope report DIR...` (one page per experiment; --by-folder adds a row per result folder)")
+    if args.dirs:
+        raise ValueError(f"unexpected arguments {args.dirs}")
+    task, preset, overrides = synth_request(args)  # a misspelt name is refused before torch loads
     from srope.lab.tasks.runner import get_task, presets_line, report, resolve_preset, run_synthetic
 
-    if args.task == "report":
-        if not args.dirs:
-            raise ValueError("srope synth report: give at least one result folder")
-        text = report(args.dirs)
-        if args.out:
-            Path(args.out).write_text(text)
-            print(f"wrote {args.out}")
-        else:
-            print(text)
-        return 0
-    if args.dirs:
-        raise ValueError(f"unexpected arguments {args.dirs} (only `srope synth report` takes folders)")
     cfg = resolve_preset(task, preset, overrides, args.config)
     recipe = None
     if args.recipe:

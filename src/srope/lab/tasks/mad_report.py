@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from srope.lab.report import paper
 from srope.lab.report.cells import _footnotes, _label_cell, _table, budget_cell, differences, fmt, provenance_cell, seeds_cell
+from srope.lab.report.collect_synth import SweepRecords
+from srope.lab.report.folders import pct, status
 from srope.lab.report.page import Page, _no_counterpart, _opening
 from srope.lab.report.plots import _colors, _grid, _title
 from srope.lab.report.rows import Row, _by_group, _folders
 from srope.lab.report.verdicts import Verdict, _beats, _caveats
 
+RULE = (
+    "Numbers are comparable only over all 66 settings (the paper averages them). Ordering: reproduced when every Selective RoPE variant's average "
+    "beats NoPE's and the best Selective RoPE variant is not beaten by RoPE (v3's text: improves over NoPE, matches or improves upon RoPE); "
+    "with fewer settings the ordering is checked on the settings every variant ran and the verdict is \"not comparable\" with that ordering stated."
+)
+
 
 def report_page(rows: list[Row]) -> Page:
     exp = paper.MAD
-    mine, parts = _opening("mad", "MAD", exp, rows)
+    mine, parts = _opening("mad", "MAD", exp, rows, RULE)
     columns = [*paper.MAD_TASK_ORDER, "average"]
     parts += ["Cells: ours (mean ± sd over seeds of the protocol score, %) and the paper's Table 1 value in brackets.", ""]
     verdicts = []
@@ -51,8 +60,6 @@ def mad_verdict(group: list[Row]) -> Verdict:
     common = set.intersection(*[{k[2:] for r in row.runs for k in r.metrics if k.startswith("s:")} for row in named])
     if not common:
         return Verdict("not comparable", "no MAD setting that every variant ran")
-    from srope.lab.report.collect_synth import mad_scores
-
     def average(row: Row) -> tuple:
         per_seed = [mad_scores({s: r.metrics[f"s:{s}"] for s in common if f"s:{s}" in r.metrics})["average"] for r in row.runs]
         return statistics.fmean(per_seed), (statistics.stdev(per_seed) if len(per_seed) > 1 else None), len(per_seed)
@@ -91,3 +98,69 @@ def report_plot(rows: list[Row]):
         ax.set(ylabel="accuracy, %", ylim=(0, 105), title=_title(group[0].title, 100))
         ax.legend(fontsize=6, ncol=2)
     return fig
+
+
+# ---------------------------------------------------------------------------------------
+# One row per result folder (srope report --by-folder, and srope synth's closing table)
+
+FOLDER_TITLE = "MAD (score, %: best over the optimiser grid per setting, mean per task)"
+FOLDER_NOTE = "Paper rows: Table 1 (GLA, 66 settings x 6 optimiser points). Our MAD accuracy is torchmetrics' macro average, as MAD's."
+PAPER_MAD_TABLE1 = paper.mad_table1()
+
+
+def paper_mad_row(results: dict) -> str | None:
+    """The Table-1 row that matches a MAD run (GLA only), from its position options."""
+    from srope.lab.report.collect_synth import paper_variant
+
+    kind = results.get("position_type")
+    if results.get("mixer") != "gla" or kind not in ("nope", "rope", "selective_rope"):
+        return None
+    return paper_variant(kind, results.get("config", {}).get("position", {}).get(kind) or {}, with_options=True)
+
+
+def folder_table(results_list: list[dict]) -> str:
+    """Ours per folder, each followed by the paper's Table-1 row of the same variant."""
+    rows = []
+    for res in results_list:
+        agg = res.get("aggregate") or {}
+        per_task = agg.get("per_task", {})
+        note = "" if agg.get("complete") else f" ({sum(agg.get('settings_per_task', {}).values())}/{paper.MAD_SETTINGS} settings)"
+        rows.append([res["label"] + status(res) + note, *[pct(per_task.get(t)) for t in paper.MAD_TASK_ORDER], pct(agg.get("average"))])
+        row = paper_mad_row(res)
+        if row is not None:
+            values = PAPER_MAD_TABLE1[row]
+            rows.append([f"paper: GLA {row}", *[f"{values[t]:.1f}" for t in paper.MAD_TASK_ORDER], f"{values['average']:.1f}"])
+    return _table(["model", *[paper.MAD_SHORT[t] for t in paper.MAD_TASK_ORDER], "Average"], rows)
+
+
+# ---------------------------------------------------------------------------------------
+# How a sweep's records become report runs (srope.lab.report.collect_synth)
+
+
+class Records(SweepRecords):
+    """One score per setting, then the protocol score from them (:func:`mad_scores`)."""
+
+    paper_row_options = True  # Table 1 has a row per phase gate and bias
+
+    def fields(self, cfg: dict, settings: list[str], points: int) -> dict:
+        return {**super().fields(cfg, settings, points), "batch": cfg.get("batch_size"), "epochs": cfg.get("epochs"), "optimiser points": points,
+                "settings": len(settings)}
+
+    def describe(self, cfg: dict) -> str:
+        return f"{super().describe(cfg)}, up to {cfg.get('epochs')} epochs, batch {cfg.get('batch_size')}"
+
+    def metrics(self, records: dict[str, dict]) -> tuple[dict, dict]:
+        scores = {setting: record["score"] for setting, record in records.items()}
+        return {**mad_scores(scores), **{f"s:{name}": score for name, score in scores.items()}}, {}
+
+
+def mad_scores(per_setting: dict[str, float]) -> dict[str, float]:
+    """MAD's protocol score from per-setting results: the mean per task over its settings,
+    the mean of those, and how many settings each task has (``n:<task>``)."""
+    by_task: dict[str, list[float]] = {}
+    for name, score in per_setting.items():
+        by_task.setdefault(name.split("/")[0], []).append(float(score))
+    out: dict[str, float] = {task: sum(v) / len(v) for task, v in by_task.items()}
+    out["average"] = sum(out.values()) / len(out) if out else math.nan
+    out.update({f"n:{task}": float(len(v)) for task, v in by_task.items()})
+    return out

@@ -5,7 +5,9 @@ loads. A task registers its name, its module (an import string, or the module or
 itself) and its preset names, the default first; the module holds the presets
 (``PRESETS``: name -> config, the same names) and the task's functions (``check``,
 ``settings``, ``prepare``: docs/extending.md). A task may also name the module of its page in
-``srope report`` (``report``: :meth:`TaskEntry.report_module`)::
+``srope report`` (``report``: :meth:`TaskEntry.report_module`), which holds what the report
+knows of the task: the page and its figure, the verdict rule and its thresholds, when a test
+is valid, how a run's records become the report's, and its table of result folders::
 
     register_task("mytask", module="mypkg.mytask", presets=("paper", "cpu"), report="mypkg.mytask_report")
 """
@@ -39,8 +41,10 @@ class TaskEntry:
 
     def report_module(self) -> Any:
         """The module of the task's page in ``srope report`` (imported on first use): its
-        ``report_page(rows)`` builds the page, its ``report_plot(rows)``, if defined, the figure.
-        None when the task has no page."""
+        ``report_page(rows)`` builds the page; optional: ``report_plot(rows)`` the figure,
+        ``RULE`` the verdict rule listed in the index, ``MIN_STEPS_SHARE`` and ``VALIDITY``
+        when a test is valid, ``folder_table(results_list)`` the table of result folders
+        (docs/extending.md). None when the task has no page."""
         return None if self.report is None else load(self.report)
 
 

@@ -340,7 +340,7 @@ def _sweep(task, module, cfg, model_factory, out, results, dev, cache, progress,
     write()
     _remove_if_empty(out / RUNS_DIR)
     if plot:
-        from srope.lab.tasks.report import plot_loss_curves, plot_results
+        from srope.lab.tasks.sweep_plots import plot_loss_curves, plot_results
 
         plot_results(results, out / PLOT_FILE)
         plot_loss_curves(results, out / LOSS_PLOT_FILE)
@@ -374,7 +374,7 @@ def _write(out: Path, results: dict) -> None:
 
 
 def report(dirs) -> str:
-    """Markdown tables comparing the runs in ``dirs`` (see :func:`srope.lab.tasks.report.report`)."""
-    from srope.lab.tasks.report import report as _report
+    """Markdown tables of the runs in ``dirs``, one row per folder (:func:`srope.lab.report.folders.folder_tables`)."""
+    from srope.lab.report.folders import folder_tables
 
-    return _report(dirs)
+    return folder_tables(dirs)

@@ -1,17 +1,16 @@
-"""``srope synth report`` (srope.lab.tasks.report) on hand-made results: its tables mark every
-row's provenance, MAD rows sit beside Table 1, and the plot is written."""
+"""The tables of result folders (srope.lab.report.folders), one row per folder, on hand-made
+results: every row names its provenance, MAD rows sit beside Table 1, and ``srope report
+--by-folder`` puts them on the task's page."""
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import pytest
 
 from srope.lab import provenance
+from srope.lab.report.folders import folder_tables
 from tests.lab.report.conftest import FIRST_COMMIT, copying_runs, run, synth
-
-task_report = importlib.import_module("srope.lab.tasks.report")
 
 COPY_CFG = {"steps": 10, "batch_size": 4, "min_len": 2, "max_len": 64, "eval_lengths": "2-512:30", "model": {"hidden_size": 8}}
 
@@ -38,12 +37,10 @@ def test_rows_name_their_commit_and_mark_stale_and_unknown(tmp_path):
     current = _folder(tmp_path, "a", _summarised(synth("copying", "nope", copying_runs((0.1,)), COPY_CFG, settings, head)))
     stale = _folder(tmp_path, "b", _summarised(synth("copying", "rope", copying_runs((0.0,)), COPY_CFG, settings, FIRST_COMMIT)))
     unknown = _folder(tmp_path, "c", _summarised(synth("copying", "selective_rope", copying_runs((0.5,)), COPY_CFG, settings, None)))
-    text = task_report.report([current, stale, unknown])
+    text = folder_tables([current, stale, unknown])
     assert f"| gla/nope [{head[:7]}] |" in text
     assert f"| gla/rope [{FIRST_COMMIT[:7]} stale†] |" in text and "† stale" in text
     assert "| gla/selective_rope [unknown‡] |" in text and "‡ provenance unknown" in text
-    png = task_report.plot_results(json.loads((current / "results.json").read_text()), tmp_path / "copy.png")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_mad_rows_sit_beside_table_1(tmp_path):
@@ -53,7 +50,7 @@ def test_mad_rows_sit_beside_table_1(tmp_path):
     settings = [{"name": "in-context-recall/baseline", "params": {}, "max_len": 128}]
     data = _summarised(synth("mad", "rope", runs, {"model": {"hidden_size": 8}}, settings, None))
     data["aggregate"] = mad.aggregate(data["summary"])
-    text = task_report.report([_folder(tmp_path, "mad", data)])
+    text = folder_tables([_folder(tmp_path, "mad", data)])
     assert "| paper: GLA RoPE | 85.2 | 7.5 | 92.6 | 61.4 | 91.9 | 96.4 | 72.5 |" in text
     assert "gla/rope [unknown‡] (1/66 settings)" in text
 
@@ -66,33 +63,34 @@ def test_a_state_tracking_row_shows_its_last_evaluation_beside_the_best(tmp_path
     runs = [{**run("S2", seed, 0.5, {"seq_acc_at_train_len": 1.0}), "final": {"score": 0.0, "seq_acc_at_train_len": last}}
             for seed, last in ((0, 0.2), (1, 0.4))]
     folder = _folder(tmp_path, "st", _summarised(synth("state_tracking", "selective_rope", runs, cfg, settings, None)))
-    row = next(line for line in task_report.report([folder]).splitlines() if line.startswith("| gla/selective_rope"))
+    row = next(line for line in folder_tables([folder]).splitlines() if line.startswith("| gla/selective_rope"))
     assert "| 100.0 | 50.0 |" in row and "| 30.0 / 0.0 |" in row
 
 
-def test_the_loss_plot_gives_each_of_many_runs_its_own_colour(tmp_path, monkeypatch):
-    """Past ten runs the default colour cycle repeats, and the legend tells runs apart by colour."""
-    import matplotlib.axes
-
-    colours, plot = [], matplotlib.axes.Axes.plot
-
-    def recording(self, *args, **kwargs):
-        colours.append(kwargs.get("color"))
-        return plot(self, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording)
-    runs = [{"setting": "S2", "lr": 5e-4, "weight_decay": 0.0, "seed": seed, "loss_curve": [[50, 0.7], [100, 0.5 - seed / 100]]}
-            for seed in range(12)]
-    path = task_report.plot_loss_curves({"task": "state_tracking", "label": "S2", "runs": runs}, tmp_path / "loss.png")
-    assert path.is_file() and len(colours) == 12 and len(set(colours)) == 12
-
-
 @pytest.mark.parametrize("text", ["a log line\n", "[1, 2]", "{\"runs\": []}"])
-def test_a_file_that_is_not_a_synth_result_is_a_one_line_error_naming_it(tmp_path, capsys, text):
-    from srope.lab.cli import main
-
+def test_a_file_that_is_not_a_synth_result_is_an_error_naming_it(tmp_path, text):
     stray = tmp_path / "run.log"
     stray.write_text(text)
-    assert main(["synth", "report", str(stray)]) == 2
+    with pytest.raises(ValueError, match="not a srope synth result") as error:
+        folder_tables([stray])
+    assert str(stray) in str(error.value)
+
+
+def test_by_folder_puts_the_tables_on_the_task_pages(fixture_dir, tmp_path):
+    from srope.lab.report.write import write_report
+
+    write_report([fixture_dir], tmp_path / "plain", plots=False)
+    write_report([fixture_dir], tmp_path / "folders", plots=False, by_folder=True)
+    for name in ("copying", "mqar", "state_tracking", "mad"):
+        plain, folders = ((tmp_path / out / f"{name}.md").read_text() for out in ("plain", "folders"))
+        assert folders.startswith(plain) and "\n## Result folders, one row each\n\n### " in folders[len(plain):]
+    assert "| paper: GLA RoPE | 85.2 |" in (tmp_path / "folders" / "mad.md").read_text()
+    assert (tmp_path / "plain" / "lm.md").read_text() == (tmp_path / "folders" / "lm.md").read_text()
+
+
+def test_srope_synth_report_points_at_srope_report(tmp_path, capsys):
+    from srope.lab.cli import main
+
+    assert main(["synth", "report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and str(stray) in err and "not a srope synth result" in err, err
+    assert len(err.splitlines()) == 1 and "srope report DIR..." in err, err
