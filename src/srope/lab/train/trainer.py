@@ -171,8 +171,7 @@ class LMTrainer(Trainer):
         super().__init__(model, parameter_groups(unwrap(model), config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
         self.config, self.world, self.out, self.autocast, self.micro = config, world, out, autocast, micro
         self.corpus, self.loader, self.phases, self.progress, self.say = corpus, loader, phases, progress, say
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.flat = FlatGradients(self.params) if flat_gradients else None
+        self.flat_gradients, self.params, self.flat = flat_gradients, None, None  # set by run(), after a resume has loaded the weights
         self.graph, self.graph_on = None, graphed
         self.metrics: dict = {}
         self.began = 0.0  # when the step in progress began (its batch drawn)
@@ -262,6 +261,8 @@ class LMTrainer(Trainer):
 
     def run(self, last: int, verbose: bool) -> None:
         """Steps ``start`` to ``last`` under the stop signals, with a progress bar."""
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.flat = FlatGradients(self.params) if self.flat_gradients else None
         self.model.train()
         with StopSignals(self.say) as self.stop, tqdm(total=self.config.max_steps, initial=self.start, disable=not (verbose and self.world.is_main),
                                                       unit="step", dynamic_ncols=True) as self.bar:  # fmt: skip
