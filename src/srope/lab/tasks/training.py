@@ -286,7 +286,7 @@ class TaskTrainer(Trainer):
             if self.run_dir is not None:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 _write_json(self.run_dir / EVALUATIONS_FILE, {"run": self.identity, "steps": self.step, "planned_steps": self.total, "history": self.history})
-            self.rank(last)
+            self.keep_best(last)
             if self.diverged or self.stopped == "time":
                 break
             if self.out_of_time() and epoch + 1 < self.epochs:
@@ -306,7 +306,7 @@ class TaskTrainer(Trainer):
         self.bar.close()
         return self.record()
 
-    def rank(self, last: dict) -> None:
+    def keep_best(self, last: dict) -> None:
         """The best and the lowest-loss evaluations so far, and the patience counter, after ``last``."""
         if self.best is None or last["score"] >= self.best["score"]:
             # a tie goes to the later evaluation: a run whose scores are all 0 reports the model
