@@ -27,7 +27,7 @@ from srope import backend
 from srope.lab import provenance
 from srope.lab.cli import srope_model_factory
 from srope.lab.graphed import graphed_optimizer_step
-from srope.lab.loop import optimizer_step
+from srope.lab.step import optimizer_step
 from srope.lab.tasks import numerics
 from srope.lab.tasks.common import rng_for
 from srope.lab.tasks.runner import get_task, model_request, resolve_preset, scored_positions, task_loss

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from srope.lab import graphed
-from srope.lab.loop import optimizer_step
+from srope.lab.trainer import optimizer_step
 
 
 def _model_and_batches(seed=0):

@@ -15,7 +15,7 @@ loss for NaN reads it after the replay, so a non-finite step has already been ap
   summed token loss. With several processes (DDP) the gradients are views into a flat buffer
   (:class:`~srope.lab.train.distributed.FlatGradients`) that one NCCL all-reduce averages
   inside the graph, before clipping; every rank replays the same graph on its own micro-batches.
-- :func:`graphed_optimizer_step`: :func:`srope.lab.loop.optimizer_step` (the synthetic tasks'
+- :func:`graphed_optimizer_step`: :func:`srope.lab.step.optimizer_step` (the synthetic tasks'
   and the demo's step) captured; a batch of another shape than the first (an epoch's last,
   smaller batch) runs eagerly.
 """
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from srope.lab.loop import optimizer_step
+from srope.lab.step import optimizer_step
 
 
 class GraphCaptureError(RuntimeError):
@@ -169,7 +169,7 @@ class _BatchGraph(CapturedStep):
 
 def graphed_optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss: Callable[..., torch.Tensor], *,
                            grad_clip: float | None = None, strict: bool = False) -> Callable[..., torch.Tensor]:  # fmt: skip
-    """:func:`srope.lab.loop.optimizer_step` as a CUDA graph: the batch captured fixes the
+    """:func:`srope.lab.step.optimizer_step` as a CUDA graph: the batch captured fixes the
     shapes (until then a batch with a larger first tensor starts the warm-up again), a batch
     of other shapes runs eagerly (same update). ``step.replayed`` counts the captured steps. ``loss`` must not
     synchronise with the host (no ``.item()``, no data-dependent shapes) and should run under

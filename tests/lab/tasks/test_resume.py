@@ -19,8 +19,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from srope.lab import trainer as lab_trainer  # every run's checkpoints are read there
 from srope.lab.cli import srope_model_factory
-from srope.lab.tasks import run_synthetic, training
+from srope.lab.tasks import run_synthetic
 from srope.lab.tasks.cli import add_synth_arguments, run_synth_command
 from srope.lab.tasks.runner import EVALUATIONS_FILE
 from srope.lab.train.checkpoint import load_checkpoint
@@ -142,7 +143,7 @@ def test_sigterm_then_resume_through_the_cli(tmp_path, monkeypatch):
         shutil.rmtree(older)
     shutil.rmtree(out)
     out, latest, loaded = moved, checkpoints(moved)[-1], []
-    monkeypatch.setattr(training, "load_checkpoint", lambda path, *a, **k: loaded.append(path) or load_checkpoint(path, *a, **k))
+    monkeypatch.setattr(lab_trainer, "load_checkpoint", lambda path, *a, **k: loaded.append(path) or load_checkpoint(path, *a, **k))
 
     assert run_synth_command(_parse([*argv, "--out", str(out), "--resume"]), srope_model_factory) == 0  # checkpoint_every may change
     assert loaded == [latest]  # continued from there, not begun again

@@ -10,7 +10,8 @@ import torch
 from srope.lab.config import apply_overrides
 from srope.lab.train.distributed import World
 from srope.lab.train.train_config import TrainConfig
-from srope.lab.train.trainer import _use_cuda_graph, train
+from srope.lab.train.preflight import use_cuda_graph as _use_cuda_graph
+from srope.lab.train.trainer import train
 from srope.lab.train.trainer import enable_checkpointing as trainer_enable
 from tests.lab.train.test_trainer import SMALL, losses
 

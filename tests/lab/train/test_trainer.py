@@ -195,7 +195,7 @@ def test_which_steps_run_as_a_cuda_graph():
     # torch.compile and DDP do not keep the step out of the graph; FSDP2 or per-document
     # packing (shapes that change from step to step) do.
     from srope.lab.train.distributed import World
-    from srope.lab.train.trainer import _use_cuda_graph
+    from srope.lab.train.preflight import use_cuda_graph as _use_cuda_graph
 
     gpu, cpu = World(device=torch.device("cuda", 0)), World()
     assert _use_cuda_graph(TrainConfig(), gpu)

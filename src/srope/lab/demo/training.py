@@ -1,4 +1,7 @@
-"""Training one demo model: its optimiser and the step loop (:func:`srope.lab.loop.train_steps`)."""
+"""Training one demo model: a :class:`srope.lab.trainer.Trainer` with the demo's optimiser
+groups, its schedule (:meth:`DemoConfig.lr_at`) and three hooks: :class:`PhaseNoise` (Selective
+RoPE's phase noise of the step's curriculum stage), :class:`WeightAverage` (the moving average
+of the weights over the last stage) and :class:`LossRecord` (the loss of every step)."""
 
 from __future__ import annotations
 
@@ -11,23 +14,98 @@ import torch.nn.functional as F
 from srope.lab.demo.config import GROUP, DemoConfig
 from srope.lab.demo.data import train_batches
 from srope.lab.demo.model import build_model
-from srope.lab.loop import optimizer_step, train_steps
 from srope.lab.tasks import state_tracking
 from srope.lab.tasks.groups import get_group
-from srope.lab.train.optim import adamw
+from srope.lab.trainer import Hook, Trainer
 
 
-def make_optimizer(model: torch.nn.Module, config: DemoConfig) -> torch.optim.AdamW:
-    """AdamW over every weight; the position encoding's own parameters in a group of their
-    own, decayed only with ``config.position_weight_decay``, at ``position_lr_scale`` times
-    the learning rate (each group's ``lr_scale``; :func:`train_model` applies it)."""
+def optimizer_groups(model: torch.nn.Module, config: DemoConfig) -> list[dict]:
+    """Every weight; the position encoding's own parameters in a group of their own, decayed
+    only with ``config.position_weight_decay``, at ``position_lr_scale`` times the learning
+    rate (the group's ``lr_scale``)."""
     position = [p for name, p in model.named_parameters() if ".position." in name]
     others = [p for name, p in model.named_parameters() if ".position." not in name]
     groups = [{"params": others, "lr_scale": 1.0},
               {"params": position, "weight_decay": config.weight_decay if config.position_weight_decay else 0.0,
                "lr_scale": config.position_lr_scale}]
-    return adamw([g for g in groups if g["params"]], lr=config.lr, betas=config.betas, eps=config.adam_eps,
-                 weight_decay=config.weight_decay, fused=False)
+    return [g for g in groups if g["params"]]
+
+
+def make_trainer(model: torch.nn.Module, config: DemoConfig, device: torch.device, hooks=()) -> Trainer:
+    """The demo's :class:`Trainer` for ``model``: AdamW over :func:`optimizer_groups` (PyTorch's
+    default kernel on every device), the tagging cross-entropy with label smoothing, clipping."""
+    vocab = state_tracking.vocab_size(get_group(GROUP))
+    bf16 = config.bf16_autocast and device.type == "cuda"
+
+    def loss(inputs: np.ndarray, targets: np.ndarray) -> torch.Tensor:
+        x = torch.as_tensor(inputs.astype(np.int64), device=device)
+        y = torch.as_tensor(targets.astype(np.int64), device=device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x).logits
+        return F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), y.reshape(-1), label_smoothing=config.label_smoothing)
+
+    return Trainer(model, optimizer_groups(model, config), lr=config.lr, lr_at=config.lr_at, betas=config.betas, eps=config.adam_eps,
+                   weight_decay=config.weight_decay, fused=False, loss=loss, grad_clip=config.grad_clip, device=device, hooks=hooks)
+
+
+def make_optimizer(model: torch.nn.Module, config: DemoConfig) -> torch.optim.AdamW:
+    """The optimiser a demo model trains with (:func:`make_trainer`'s)."""
+    return make_trainer(model, config, next(model.parameters()).device).optimizer
+
+
+class PhaseNoise(Hook):
+    """Before every step, Selective RoPE's ``phase_noise`` of the step's curriculum stage
+    (:meth:`DemoConfig.phase_noise_at`); nothing where the config has none."""
+
+    def __init__(self, model: torch.nn.Module, config: DemoConfig):
+        from srope.modules.selective_rope import SelectiveRoPE
+
+        self.config = config
+        self.encodings = [m for m in model.modules() if isinstance(m, SelectiveRoPE)]
+
+    def before_step(self, trainer: Trainer, step: int) -> None:
+        noise = self.config.phase_noise_at(step)
+        for encoding in self.encodings if noise is not None else ():
+            encoding.phase_noise = noise
+
+
+class WeightAverage(Hook):
+    """The exponential moving average (``config.ema_decay``) of the weights from the last
+    curriculum stage's start (the position encoding's only, with ``ema_position_only``), copied
+    into the model when training ends."""
+
+    def __init__(self, model: torch.nn.Module, config: DemoConfig):
+        self.config, self.last_stage = config, len(config.curriculum) - 1
+        self.params = [p for name, p in model.named_parameters() if ".position." in name or not config.ema_position_only]
+        self.average: list[torch.Tensor] | None = None
+
+    def before_step(self, trainer: Trainer, step: int) -> None:
+        if self.average is None and self.config.stage_at(step) == self.last_stage:
+            self.average = [p.detach().clone() for p in self.params]  # the weights at the last stage's start
+
+    @torch.no_grad()
+    def after_step(self, trainer: Trainer, step: int, result: torch.Tensor) -> None:
+        for average, p in zip(self.average or (), self.params):
+            average.lerp_(p, 1 - self.config.ema_decay)
+
+    @torch.no_grad()
+    def end(self, trainer: Trainer) -> None:
+        for average, p in zip(self.average or (), self.params):
+            p.copy_(average)
+
+
+class LossRecord(Hook):
+    """The loss of every step (kept on the device until the end); ``report(kind, steps_done, loss)``
+    every 10 steps and at the last."""
+
+    def __init__(self, kind: str, steps: int, report: Callable[[str, int, float], None] | None):
+        self.kind, self.steps, self.report = kind, steps, report
+        self.losses: list[torch.Tensor] = []
+
+    def after_step(self, trainer: Trainer, step: int, result: torch.Tensor) -> None:
+        self.losses.append(result)
+        if self.report is not None and ((step + 1) % 10 == 0 or step + 1 == self.steps):
+            self.report(self.kind, step + 1, float(result))
 
 
 def train_model(kind: str, config: DemoConfig, seed: int, device: str,
@@ -38,46 +116,11 @@ def train_model(kind: str, config: DemoConfig, seed: int, device: str,
     """
     dev = torch.device(device)
     model = build_model(config, kind, seed).to(dev)
-    optimizer = make_optimizer(model, config)
-    vocab = state_tracking.vocab_size(get_group(GROUP))
-    bf16 = config.bf16_autocast and dev.type == "cuda"
-    from srope.modules.selective_rope import SelectiveRoPE
-
-    encodings = [m for m in model.modules() if isinstance(m, SelectiveRoPE)]
-    last_stage = len(config.curriculum) - 1
-    averaged = [p for name, p in model.named_parameters() if ".position." in name or not config.ema_position_only]
-    ema: list[torch.Tensor] | None = None
-    losses = []
-
-    def before(step: int) -> None:
-        nonlocal ema
-        if config.ema_decay is not None and ema is None and config.stage_at(step) == last_stage:
-            ema = [p.detach().clone() for p in averaged]  # the weights at the last stage's start
-        noise = config.phase_noise_at(step)
-        for encoding in encodings if noise is not None else ():
-            encoding.phase_noise = noise
-
-    def loss(inputs: np.ndarray, targets: np.ndarray) -> torch.Tensor:
-        x = torch.as_tensor(inputs.astype(np.int64), device=dev)
-        y = torch.as_tensor(targets.astype(np.int64), device=dev)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(x).logits
-        return F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), y.reshape(-1), label_smoothing=config.label_smoothing)
-
-    def after(step: int, value: torch.Tensor) -> None:
-        if ema is not None:
-            with torch.no_grad():
-                for average, p in zip(ema, averaged):
-                    average.lerp_(p, 1 - config.ema_decay)
-        losses.append(value)
-        if report is not None and ((step + 1) % 10 == 0 or step + 1 == config.steps):
-            report(kind, step + 1, float(value))
-
+    record = LossRecord(kind, config.steps, report)
+    hooks = [PhaseNoise(model, config), record]
+    if config.ema_decay is not None:
+        hooks.insert(0, WeightAverage(model, config))  # its update sees the step's weights before anything else
+    trainer = make_trainer(model, config, dev, hooks)
     model.train()
-    train_steps(train_batches(config, seed), optimizer_step(model, optimizer, loss, grad_clip=config.grad_clip), lr_at=config.lr_at,
-                before=before, after=after)
-    if ema is not None:
-        with torch.no_grad():
-            for average, p in zip(ema, averaged):
-                p.copy_(average)
-    return model, torch.stack(losses).float().cpu().numpy()
+    trainer.fit(train_batches(config, seed))
+    return model, torch.stack(record.losses).float().cpu().numpy()

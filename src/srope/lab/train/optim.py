@@ -45,11 +45,16 @@ def adamw(params, *, lr: float, betas=(0.9, 0.95), eps: float = 1e-8, weight_dec
     every parameter is on a CUDA device (one kernel per step, the same arithmetic whether or
     not the step is captured; foreach's capturable path rounds its bias corrections
     otherwise), else PyTorch's default; ``False`` keeps PyTorch's default."""
-    params = list(params)
+    # a group's parameters may come as a generator, which the check below would use up
+    params = [{**item, "params": _tensors(item["params"])} if isinstance(item, dict) else item for item in params]
     if fused is None:
         tensors = [p for item in params for p in (item["params"] if isinstance(item, dict) else [item])]
         fused = bool(tensors) and all(p.is_cuda for p in tensors)
     return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused or None)
+
+
+def _tensors(params) -> list:
+    return [params] if isinstance(params, torch.Tensor) else list(params)
 
 
 def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float = 0.1, betas=(0.9, 0.95), eps: float = 1e-8) -> torch.optim.AdamW:

@@ -7,8 +7,10 @@ batch split into micro-batches, the summed token loss of each divided by the glo
 of targets (so the result is the same for any world size or micro-batch size), gradient
 clipping, a NaN/inf guard, AdamW, metrics; a checkpoint every ``checkpoint_every`` steps
 and at the end. ``--resume`` continues from ``DIR``'s latest checkpoint bitwise exactly.
-The steps run in the lab's loop (:func:`srope.lab.loop.train_steps`) with this module's step
-(micro-batches, DDP/FSDP2, the CUDA graph) and its metrics, evaluation and checkpoints after it.
+The run is a :class:`LMTrainer`, the lab's :class:`~srope.lab.trainer.Trainer` with this
+module's step (micro-batches, DDP/FSDP2, the CUDA graph) and its metrics, evaluation and
+checkpoints after it; what it checks and says before the first step is in
+:mod:`srope.lab.train.preflight`.
 
 A planned stop writes a checkpoint first: ``stop_after`` (``--stop-after K``) and SIGTERM or
 SIGINT (preemption, Ctrl-C), which end the run after the step in progress. A run killed
@@ -36,19 +38,21 @@ from tqdm import tqdm
 
 from srope.lab import provenance
 from srope.lab.graphed import GraphCaptureError, StepGraph
-from srope.lab.loop import set_learning_rate, train_steps
 from srope.lab.schedule import warmup_cosine
 from srope.lab.train.batches import PackedBatches, eval_batches
-from srope.lab.train.checkpoint import latest_checkpoint, load_checkpoint, remove_unfinished, save_checkpoint, usable_checkpoint
+from srope.lab.train.checkpoint import latest_checkpoint
 from srope.lab.train.distributed import FlatGradients, World, close_world, init_world, unwrap, wrap_model
 from srope.lab.train.export import export_model
 from srope.lab.train.metrics_log import MetricsLog
-from srope.lab.train.optim import build_optimizer
+from srope.lab.train.optim import parameter_groups
+from srope.lab.train.preflight import check_data, describe, enable_checkpointing, use_cuda_graph
 from srope.lab.train.prepare import load_corpus
 from srope.lab.train.resume import _check_folder, _check_same_settings
 from srope.lab.train.run_folder import RunFolder
 from srope.lab.train.stops import StopRequested, StopSignals
 from srope.lab.train.train_config import TrainConfig
+from srope.lab.step import set_learning_rate
+from srope.lab.trainer import Trainer
 from srope.models import SRopeForCausalLM
 
 
@@ -156,82 +160,113 @@ def _check_finite(loss: float, grad_norm: float, step: int, out: Path) -> None:
             raise FloatingPointError(f"non-finite {name} ({value}) at step {step + 1}; the last checkpoint is {latest_checkpoint(out)}")
 
 
-def _check_data(corpus, config: TrainConfig, world: World) -> None:
-    """A model vocabulary that holds every token id, enough tokens for one global batch and one
-    held-out row; else an error that says what is needed."""
-    vocab = config.model.get("vocab_size")
-    if vocab is not None and vocab < corpus.vocab_size:
-        raise ValueError(
-            f"model.vocab_size {vocab} is smaller than the tokenizer's vocabulary of {corpus.vocab_size} tokens (ids up to "
-            f"{corpus.vocab_size - 1}); leave model.vocab_size unset (it is the tokenizer's) or set it >= {corpus.vocab_size}"
-        )
-    need_train = config.global_batch_size * config.seq_len + 1
-    need_val = world.size * config.seq_len + 1
-    hints = "use more text, fewer/shorter rows (--set global_batch_size=..., --set seq_len=...)"
-    if corpus.train.num_tokens < need_train:
-        raise ValueError(
-            f"too little training data: {corpus.train.num_tokens:,} tokens in the train split of {config.data!r}, and one step "
-            f"needs {need_train:,} (global_batch_size {config.global_batch_size} x seq_len {config.seq_len} + 1); {hints}"
-        )
-    if corpus.val.num_tokens < need_val:
-        raise ValueError(
-            f"too little held-out data: {corpus.val.num_tokens:,} tokens in the val split of {config.data!r} "
-            f"({corpus.val.num_documents} documents), and evaluation needs {need_val:,} (seq_len {config.seq_len} + 1"
-            f"{f' per process x {world.size}' if world.size > 1 else ''}); {hints}, or hold out more documents (--val-fraction)"
-        )
+class LMTrainer(Trainer):
+    """``srope train``'s :class:`~srope.lab.trainer.Trainer`: AdamW over the paper's parameter
+    groups (:func:`~srope.lab.train.optim.parameter_groups`), the warm-up + cosine schedule, its
+    own step (this rank's share of the global batch in micro-batches; DDP, FSDP2, the CUDA graph)
+    and, after every step, the metrics, evaluation, checkpoints and planned stops."""
 
+    def __init__(self, model, config: TrainConfig, world: World, out: Path, *, autocast, micro: int, graphed: bool, flat_gradients: bool,
+                 corpus, loader, phases: _Phases, progress: dict, say):  # fmt: skip
+        super().__init__(model, parameter_groups(unwrap(model), config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
+        self.config, self.world, self.out, self.autocast, self.micro = config, world, out, autocast, micro
+        self.corpus, self.loader, self.phases, self.progress, self.say = corpus, loader, phases, progress, say
+        self.flat_gradients, self.params, self.flat = flat_gradients, None, None  # set by run(), after a resume has loaded the weights
+        self.graph, self.graph_on = None, graphed
+        self.metrics: dict = {}
+        self.began = 0.0  # when the step in progress began (its batch drawn)
+        self.saved_at = self.start = 0
+        self.log = self.bar = self.stop = None  # set by run()
 
-def _use_cuda_graph(config: TrainConfig, world: World) -> bool:
-    """Whether the step runs as a CUDA graph (see :mod:`srope.lab.graphed`)."""
-    reasons = [
-        reason
-        for reason, applies in (
-            (f"the device is {world.device.type}, not CUDA", world.device.type != "cuda"),
-            ("FSDP2 gathers and frees the parameters inside the step", world.size > 1 and config.parallel == "fsdp"),
-            ("packing='documents' changes the shapes from step to step", config.packing != "concat"),
-            ("activation_checkpointing saves and restores the CUDA RNG state around each block, which a capture forbids",
-             config.activation_checkpointing),
-        )
-        if applies
-    ]
-    if config.cuda_graph == "on" and reasons:
-        raise ValueError(f"cuda_graph='on' cannot run here: {'; '.join(reasons)}")
-    return config.cuda_graph != "off" and not reasons
+    def lr_at(self, step: int) -> float:
+        c = self.config
+        return warmup_cosine(step, total=c.max_steps, peak=c.lr, start=c.lr_start, end=c.lr_end, warmup=c.warmup)
 
+    def checkpoint(self, step: int) -> float:
+        """A checkpoint of step ``step`` with the data's position; returns the seconds it took."""
+        began = time.perf_counter()
+        with self.phases("checkpoint"):
+            self.save(self.out, step, {"config": self.config.to_dict(), "data": self.loader.state_dict()}, self.world)
+        self.saved_at = step
+        return time.perf_counter() - began
 
-def _describe(corpus, config: TrainConfig, model, autocast_dtype, world: World, out: Path) -> list[str]:
-    bare = unwrap(model)
-    mc = bare.config
-    params = sum(p.numel() for p in bare.parameters())
-    rows = (corpus.train.num_tokens - 1) // config.seq_len
-    epochs = config.max_steps * config.global_batch_size / max(rows, 1)
-    precision = f"float32 weights, {'bfloat16 autocast' if autocast_dtype is not None else 'float32'}"
-    graphed = _use_cuda_graph(config, world)
-    parallel = ""
-    if world.size > 1:
-        gathered = "bfloat16" if config.fsdp_param_dtype == "auto" and autocast_dtype is not None else "float32"
-        parallel = {"ddp": ", DDP" + (" (one all-reduce of the flat gradients in the graph)" if graphed else ""),
-                    "fsdp": f", FSDP2 (parameters gathered in {gathered}, gradients reduced in float32)"}[config.parallel]  # fmt: skip
-    return [
-        f"data   {config.data}: train {corpus.train.num_tokens:,} tokens in {corpus.train.num_documents:,} documents, "
-        f"val {corpus.val.num_tokens:,} tokens in {corpus.val.num_documents:,} (token store {corpus.path})",
-        f"       {config.max_steps} steps x {config.global_batch_size} rows of {config.seq_len} tokens = {epochs:.2f} epochs",
-        f"model  {config.preset}, {mc.mixer} + {mc.position['type']}: {params / 1e6:.2f}M parameters, {mc.num_hidden_layers} layers, "
-        f"hidden {mc.hidden_size}; {world.device}{f' x {world.size} processes' if world.size > 1 else ''}, {precision}"
-        f"{parallel}{', torch.compile' if config.compile else ''}{', activation checkpointing' if config.activation_checkpointing else ''}"
-        f"{', the step as a CUDA graph' if graphed else ''}",
-        f"out    {out}: checkpoints/ every {config.checkpoint_every} steps, metrics.jsonl"
-        f"{', tensorboard/' if config.tensorboard else ''}, model/ at the end",
-    ]
+    def batches(self, last: int):
+        for step in range(self.start, last):
+            self.began = time.perf_counter()
+            yield step, next(self.loader)
 
+    def train_step(self, step: int, lr: float, batch) -> tuple[float, float, float]:
+        """One optimiser step on this rank's share of the global batch: (loss, gradient norm, targets)."""
+        world, config = self.world, self.config
+        targets = world.sum(batch.num_targets)
+        parts = batch.split(self.micro)
+        result = None
+        if self.graph_on:
+            if self.graph is None:
+                self.graph = StepGraph(
+                    self.model, self.optimizer, self.params, loss_sum=lambda ids, labels: summed_loss(self.model, ids, labels, None, self.autocast),
+                    parts=len(parts), micro=self.micro, seq_len=config.seq_len, grad_clip=config.grad_clip, targets=batch.num_targets,
+                    world=world, flat_gradients=self.flat, global_targets=int(targets),
+                )  # fmt: skip
+            try:
+                result = self.graph.step(parts, lr)
+            except GraphCaptureError as error:
+                if config.cuda_graph == "on":
+                    raise
+                self.graph_on = False
+                tqdm.write(f"warning: {error}; training on without a CUDA graph (--set cuda_graph=off skips the attempt)")
+        if result is None:
+            result = _eager_step(self.model, self.optimizer, self.params, parts, lr, targets, world, self.autocast, config.grad_clip, self.flat)
+        loss_sum, grad_norm = result
+        loss = float(world.sum(loss_sum) / targets)
+        _check_finite(loss, float(grad_norm), step, self.out)
+        if not self.graph_on:  # the graph applies the update itself, before the check
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss, float(grad_norm), float(targets)
 
-def enable_checkpointing(model: SRopeForCausalLM) -> None:
-    """transformers' activation checkpointing of every block (non-reentrant ``torch.utils.checkpoint``)."""
-    enable = getattr(model, "activation_checkpointing_enable", None)  # newer transformers; the old name is a deprecated alias
-    if enable is not None:
-        enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    def after_step(self, step: int, result: tuple[float, float, float]) -> None:
+        config, world = self.config, self.world
+        loss, grad_norm, targets = result
+        elapsed = time.perf_counter() - self.began
+        self.phases.seconds["steps"] = self.phases.seconds.get("steps", 0.0) + elapsed
+        self.progress["steps"] += 1
+        done = step + 1
+        metrics = {"step": done, "loss": loss, "lr": self.lr_at(step), "grad_norm": grad_norm, "tokens_per_s": targets / elapsed, "step_s": elapsed}
+        if world.device.type == "cuda":
+            metrics["peak_gib"] = torch.cuda.max_memory_allocated(world.device) / 2**30
+        if (config.eval_every and done % config.eval_every == 0) or done == config.max_steps:
+            began = time.perf_counter()
+            with self.phases("eval"):
+                metrics |= evaluate(self.model, self.corpus.val, config, world, self.autocast)
+            metrics["eval_s"] = time.perf_counter() - began
+        if done % config.checkpoint_every == 0 or done == config.max_steps:
+            metrics["checkpoint_s"] = self.checkpoint(done)
+        if done % config.log_every == 0 or "val_loss" in metrics:
+            self.log.write(metrics)
+        self.metrics = metrics
+        self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+        self.bar.update(1)
+        requested = self.stop.signum is not None
+        if world.distributed:
+            requested = bool(world.sum(float(requested)) > 0)  # every rank stops at the same step
+        if requested and done < config.max_steps:
+            if self.saved_at != done:
+                self.checkpoint(done)
+            self.log.close()
+            signum = self.stop.signum or signal.SIGTERM
+            message = f"stopped by {signal.Signals(signum).name} after step {done}: checkpoint {latest_checkpoint(self.out)}; continue with --resume"
+            self.say(message)
+            raise StopRequested(signum, message)
+
+    def run(self, last: int, verbose: bool) -> None:
+        """Steps ``start`` to ``last`` under the stop signals, with a progress bar."""
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.flat = FlatGradients(self.params) if self.flat_gradients else None
+        self.model.train()
+        with StopSignals(self.say) as self.stop, tqdm(total=self.config.max_steps, initial=self.start, disable=not (verbose and self.world.is_main),
+                                                      unit="step", dynamic_ncols=True) as self.bar:  # fmt: skip
+            self.fit(self.batches(last))
 
 
 def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_after: int | None, verbose: bool, progress: dict, source) -> dict:
@@ -240,9 +275,6 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
     if finished is not None:
         say(f"{out} holds a finished run ({config.max_steps} of {config.max_steps} steps, run.json): nothing to resume")
         return finished["metrics"]
-    if world.is_main:
-        for stale in remove_unfinished(out):
-            say(f"removed {stale} (a checkpoint whose writing never finished)")
     phases = _Phases()
     local_batch, rem = divmod(config.global_batch_size, world.size)
     if rem:
@@ -258,13 +290,13 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         world.barrier()
         if not world.is_main:
             corpus = load_corpus(config.data, config.tokenizer, cache=config.cache, val_fraction=config.val_fraction, download=False)
-        _check_data(corpus, config, world)
+        check_data(corpus, config, world)
         loader = PackedBatches(corpus.train, config.seq_len, config.global_batch_size, rank=world.rank, world_size=world.size, seed=config.seed, packing=config.packing)
 
     autocast_dtype = torch.bfloat16 if config.dtype == "bfloat16" or (config.dtype == "auto" and world.device.type == "cuda") else None
     # no weight-cast cache: the same casts either way, and a CUDA graph capture needs none
     autocast = torch.autocast(world.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None, cache_enabled=False)
-    graphed = _use_cuda_graph(config, world)
+    graphed = use_cuda_graph(config, world)
     # DDP's hooks cannot be captured: a captured step averages flat gradients itself
     flat_gradients = graphed and world.distributed and config.parallel == "ddp"
 
@@ -278,125 +310,42 @@ def _train(config: TrainConfig, out: Path, world: World, resume: bool, stop_afte
         model = wrap_model(model, world, config.parallel, flat_gradients=flat_gradients, param_dtype=param_dtype)
         if config.compile:
             model = torch.compile(model)
-        optimizer = build_optimizer(unwrap(model), lr=config.lr, weight_decay=config.weight_decay, betas=(config.beta1, config.beta2), eps=config.eps)
+        trainer = LMTrainer(model, config, world, out, autocast=autocast, micro=micro, graphed=graphed, flat_gradients=flat_gradients,
+                            corpus=corpus, loader=loader, phases=phases, progress=progress, say=say)  # fmt: skip
 
-    start, latest = 0, usable_checkpoint(out) if resume else None
-    if latest is not None:
+    state = None
+    if resume:
         with phases("checkpoint"):
-            state = load_checkpoint(latest, model, optimizer, world, fields={"config": dict, "data": dict})
+            state = trainer.resume(out, world, say=say, fields={"config": dict, "data": dict})
+    if state is not None:
         _check_same_settings(state["config"], config)
         loader.load_state_dict(state["data"])
-        start = state["step"]
+        trainer.start = trainer.saved_at = start = state["step"]
+    else:
+        start = 0
     if stop_after is not None and stop_after <= start:
         raise ValueError(f"--stop-after {stop_after}: the run resumes at step {start}, so it would stop before it starts; "
                          f"pass a --stop-after above {start}, or leave it out")  # fmt: skip
-    for line in _describe(corpus, config, model, autocast_dtype, world, out):
+    for line in describe(corpus, config, model, autocast_dtype, world, out):
         say(line)
-    if latest is not None:
-        say(f"resume from {latest} (step {start})")
+    if state is not None:
+        say(f"resume from {state['path']} (step {start})")
     elif resume:
         say(f"no checkpoint in {out}: its run starts again from step 0")
     if world.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "train_config.json").write_text(json.dumps(config.to_dict(), indent=2))
-    log = MetricsLog(out, world, config.tensorboard, start)
-    params = [p for p in model.parameters() if p.requires_grad]
-    flat = FlatGradients(params) if flat_gradients else None
+    log = trainer.log = MetricsLog(out, world, config.tensorboard, start)
     last = config.max_steps if stop_after is None else min(stop_after, config.max_steps)
-    metrics: dict = {}
-    saved_at = start
-
-    def checkpoint(step: int) -> float:
-        nonlocal saved_at
-        began = time.perf_counter()
-        with phases("checkpoint"):
-            save_checkpoint(out, step, model, optimizer, {"config": config.to_dict(), "data": loader.state_dict()}, world)
-        saved_at = step
-        return time.perf_counter() - began
-
-    clock = {"began": 0.0}
-    graph = {"step": None, "on": graphed}
-
-    def batches():
-        for step in range(start, last):
-            clock["began"] = time.perf_counter()
-            yield step, next(loader)
-
-    def lm_step(step: int, lr: float, batch) -> tuple[float, float, float]:
-        """One optimiser step on this rank's share of the global batch: (loss, gradient norm, targets)."""
-        targets = world.sum(batch.num_targets)
-        parts = batch.split(micro)
-        result = None
-        if graph["on"]:
-            if graph["step"] is None:
-                graph["step"] = StepGraph(
-                    model, optimizer, params, loss_sum=lambda ids, labels: summed_loss(model, ids, labels, None, autocast),
-                    parts=len(parts), micro=micro, seq_len=config.seq_len, grad_clip=config.grad_clip, targets=batch.num_targets,
-                    world=world, flat_gradients=flat, global_targets=int(targets),
-                )  # fmt: skip
-            try:
-                result = graph["step"].step(parts, lr)
-            except GraphCaptureError as error:
-                if config.cuda_graph == "on":
-                    raise
-                graph["on"] = False
-                tqdm.write(f"warning: {error}; training on without a CUDA graph (--set cuda_graph=off skips the attempt)")
-        if result is None:
-            result = _eager_step(model, optimizer, params, parts, lr, targets, world, autocast, config.grad_clip, flat)
-        loss_sum, grad_norm = result
-        loss = float(world.sum(loss_sum) / targets)
-        _check_finite(loss, float(grad_norm), step, out)
-        if not graph["on"]:  # the graph applies the update itself, before the check
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        return loss, float(grad_norm), float(targets)
-
-    def after(step: int, result: tuple[float, float, float]) -> None:
-        nonlocal metrics
-        loss, grad_norm, targets = result
-        elapsed = time.perf_counter() - clock["began"]
-        phases.seconds["steps"] = phases.seconds.get("steps", 0.0) + elapsed
-        progress["steps"] += 1
-        done = step + 1
-        metrics = {"step": done, "loss": loss, "lr": lr_at(step), "grad_norm": grad_norm, "tokens_per_s": targets / elapsed, "step_s": elapsed}
-        if world.device.type == "cuda":
-            metrics["peak_gib"] = torch.cuda.max_memory_allocated(world.device) / 2**30
-        if (config.eval_every and done % config.eval_every == 0) or done == config.max_steps:
-            began = time.perf_counter()
-            with phases("eval"):
-                metrics |= evaluate(model, corpus.val, config, world, autocast)
-            metrics["eval_s"] = time.perf_counter() - began
-        if done % config.checkpoint_every == 0 or done == config.max_steps:
-            metrics["checkpoint_s"] = checkpoint(done)
-        if done % config.log_every == 0 or "val_loss" in metrics:
-            log.write(metrics)
-        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
-        bar.update(1)
-        requested = stop.signum is not None
-        if world.distributed:
-            requested = bool(world.sum(float(requested)) > 0)  # every rank stops at the same step
-        if requested and done < config.max_steps:
-            if saved_at != done:
-                checkpoint(done)
-            log.close()
-            signum = stop.signum or signal.SIGTERM
-            message = f"stopped by {signal.Signals(signum).name} after step {done}: checkpoint {latest_checkpoint(out)}; continue with --resume"
-            say(message)
-            raise StopRequested(signum, message)
-
-    def lr_at(step: int) -> float:
-        return warmup_cosine(step, total=config.max_steps, peak=config.lr, start=config.lr_start, end=config.lr_end, warmup=config.warmup)
-
-    model.train()
-    with StopSignals(say) as stop, tqdm(total=config.max_steps, initial=start, disable=not (verbose and world.is_main), unit="step", dynamic_ncols=True) as bar:
-        train_steps(batches(), lm_step, lr_at=lr_at, after=after)
+    trainer.run(last, verbose)
+    metrics = trainer.metrics
     if start == config.max_steps:  # resumed after its last checkpoint, before run.json: the final numbers again
         metrics = {"step": start} | evaluate(model, corpus.val, config, world, autocast)
         if log.last_step < start:
             log.write(metrics)
     if last < config.max_steps:
-        if saved_at != last:
-            checkpoint(last)
+        if trainer.saved_at != last:
+            trainer.checkpoint(last)
         say(f"stopped after step {last} (--stop-after): checkpoint {latest_checkpoint(out)}; continue with --resume")
     log.close()
     if last == config.max_steps:
