@@ -30,9 +30,9 @@ class ScaledQueries(PositionEncoding):
         super().__init__()
         self.head_dim, self.scale = head_dim, float(scale)
 
-    def rotate(self, q, k, angles):
-        self.check_rotation(q, k, angles)
-        return q * self.scale, k, None
+    def forward(self, q, k, x=None, **batch):
+        q, k, state = super().forward(q, k, x, **batch)  # the checks of every call, and no state
+        return q * self.scale, k, state
 
 
 # --------------------------------------------------------------------------- a synthetic task

@@ -408,6 +408,7 @@ BAD_CALLS = [
     (dict(state=SelectiveRoPEState(torch.zeros(2, 8, 2), torch.zeros(2, 2, 4))), ValueError, "state.conv must have shape"),
     (dict(state=SelectiveRoPEState(torch.zeros(2, 8, 3), torch.zeros(3, 2, 4))), ValueError, "state.phase must have shape"),
     (dict(q=torch.zeros(2, 6, 32)), ValueError, "q must be a"),
+    (dict(x_cast=torch.zeros(2, 5, 12)), ValueError, "x_cast must be the host's copy of x"),
 ]
 
 
@@ -426,13 +427,14 @@ def test_qk_that_do_not_pair_are_refused_by_every_encoding(kind):
     x, k = torch.zeros(2, 6, HIDDEN), torch.zeros(2, 6, KEY_HEADS, HEAD_DIM)
     with pytest.raises(TypeError, match="must be floating point"):
         module(torch.zeros(2, 6, HEADS, HEAD_DIM, dtype=torch.long), k.long(), x)
-    with pytest.raises(ValueError, match="need the same D and H a multiple of Hk"):
+    with pytest.raises(ValueError, match=r"need the same \[B, T\] and D, and H a multiple of Hk"):
         module(torch.zeros(2, 6, HEADS + 1, HEAD_DIM), k, x)
 
 
 def test_nope_carries_no_state():
+    q, k, x = make_inputs(2, 6, seed=7, dtype=torch.float32)
     with pytest.raises(TypeError, match="NoPE carries no state"):
-        build_position_encoding("nope", hidden_size=HIDDEN, num_heads=KEY_HEADS, head_dim=HEAD_DIM).angles(torch.zeros(2, 6, HIDDEN), state=object())
+        build_position_encoding("nope", hidden_size=HIDDEN, num_heads=KEY_HEADS, head_dim=HEAD_DIM)(q, k, x, state=object())
 
 
 def test_an_empty_call_gives_empty_outputs_and_keeps_the_state():
@@ -455,52 +457,51 @@ def test_rope_state_checked():
 
 
 @pytest.mark.parametrize("kind,options", CONFIGS, ids=IDS)
-def test_angles_share_one_cast(monkeypatch, kind, options):
-    """``angles(x).x`` is x without autocast, and under autocast x cast once (bitwise
-    autocast's cast). Selective RoPE's angles run its projection then and return that cast
-    through it: the rotated q and k are bitwise those of the base route (a plain cast), and
-    x's gradient through both the host's map and the rotation is the base route's (where
-    autograd adds the two), up to one rounding: the shared route's backward keeps x only as
-    that bf16 cast, so the normalisation's -r²(dy·y)·x term reads x rounded, as its products do."""
+def test_the_hosts_cast_is_shared(kind, options):
+    """Under autocast the host casts x once (:func:`host_input`, bitwise autocast's cast) and
+    hands the copy to its encoding as ``x_cast``; Selective RoPE's generator then keeps that
+    copy for its backward instead of x. The rotated q and k are bitwise those without it, and
+    x's gradient through both the host's map and the rotation equal up to one rounding: the
+    normalisation's -r²(dy·y)·x term then reads x rounded to bf16, as its products do."""
+    from srope.layers.common import host_input
+
     module = make_module(kind, options, dtype=torch.float32)
     q, k, x = make_inputs(2, 7, seed=8, dtype=torch.float32)
     x.requires_grad_()
     host_weight = randn(5, HIDDEN, seed_gen=generator(9), dtype=torch.float32)
-    assert module.angles(x).x is x
+    assert host_input(x).dtype == x.dtype and torch.equal(host_input(x), x)
 
-    def run(shared: bool, monkeypatch):
-        if not shared and kind == "selective_rope":  # the base route: a plain cast
-            monkeypatch.setattr(module, "shared_cast", lambda t: (None, None))
+    def run(shared: bool):
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            angles = module.angles(x)
-            host = torch.nn.functional.linear(angles.x, host_weight)
-            out_q, out_k, _ = module.rotate(q, k, angles)
+            x_in = host_input(x)
+            host = torch.nn.functional.linear(x_in, host_weight)
+            out_q, out_k, _ = module(q, k, x, x_cast=x_in if shared else None)
         loss = host.float().square().sum() + (out_q.float() * q).sum() + (out_k.float() * k).sum()
-        return angles, out_q, out_k, torch.autograd.grad(loss, x)[0]
+        return x_in, out_q, out_k, torch.autograd.grad(loss, x)[0]
 
-    shared, base = run(True, monkeypatch), run(False, monkeypatch)
-    assert shared[0].x.dtype == torch.bfloat16 and torch.equal(shared[0].x, x.detach().bfloat16())
+    shared, base = run(True), run(False)
+    assert shared[0].dtype == torch.bfloat16 and torch.equal(shared[0], x.detach().bfloat16())
     assert torch.equal(shared[1], base[1]) and torch.equal(shared[2], base[2])
     assert rel_err(shared[3], base[3]) < 1e-3
 
 
 @pytest.mark.parametrize("kind", ["nope", "rope", "selective_rope"])
-def test_rotate_refuses_angles_of_another_shape(kind):
+def test_x_of_another_shape_is_refused(kind):
     module = make_module(kind, {}, dtype=torch.float32)
     q, k, x = make_inputs(1, 4, seed=10, dtype=torch.float32)
-    with pytest.raises(ValueError, match="of the x their angles came from"):
-        module.rotate(q, k, module.angles(x[:, :3]))
-    with pytest.raises(TypeError, match="angles must be"):
-        module.rotate(q, k, None)
+    with pytest.raises(ValueError, match=r"x must be the block input \[B, T, hidden\] = \[1, 4, hidden\]"):
+        module(q, k, x[:, :3])
+    with pytest.raises(ValueError, match=r"need the same \[B, T\]"):
+        module(q, k[:, :3], x)
 
 
 @pytest.mark.parametrize("batch", ["dense", "padded", "packed"])
 @pytest.mark.parametrize("host", ["gla", "gated_deltanet", "attention"])
 def test_host_layers_under_autocast_match_the_base_route(monkeypatch, host, batch):
     """A host layer under autocast with Selective RoPE: its output and x's gradient with the
-    generator's shared cast equal those with a plain cast (the base route), for dense,
-    left-padded and packed batches: the output bitwise, the gradient up to the rounding of x
-    in the normalisation's backward term (see test_angles_share_one_cast)."""
+    host's cast shared by the generator equal those with the generator keeping x itself (the
+    base route), for dense, left-padded and packed batches: the output bitwise, the gradient up to the rounding of x
+    in the normalisation's backward term (see test_the_hosts_cast_is_shared)."""
     from srope.layers import Attention, GatedDeltaNet, GatedLinearAttention
 
     layers = {"gla": (GatedLinearAttention, dict(num_heads=4, use_short_conv=True)),
@@ -524,7 +525,7 @@ def test_host_layers_under_autocast_match_the_base_route(monkeypatch, host, batc
         return out, torch.autograd.grad(out.float().square().sum(), x)[0]
 
     shared = run()
-    monkeypatch.setattr(SelectiveRoPE, "shared_cast", lambda self, t: (None, None))
+    monkeypatch.setattr(SelectiveRoPE, "shared_projection", lambda self, x, x_cast: None)
     base = run()
     assert torch.equal(shared[0], base[0]) and rel_err(shared[1], base[1]) < 2e-4
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srope.layers.common import LayerState, MixerLayer
+from srope.layers.common import LayerState, MixerLayer, host_input
 from srope.ops.checks import compute_dtype
 from srope.ops.mixers import forgetting_attention, softmax_attention
 
@@ -70,16 +70,18 @@ class Attention(MixerLayer):
         if use_cache and cu_seqlens is not None:
             raise ValueError("a KV cache of packed sequences (cu_seqlens) is not supported; pad the batch and pass attention_mask")
         batch, length, _ = x.shape
-        angles = self.angles(x, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout)
-        q = self.q_proj(angles.x).unflatten(-1, (self.num_heads, self.head_dim))
-        k = self.k_proj(angles.x).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        v = self.v_proj(angles.x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        x_in = host_input(x)
+        q = self.q_proj(x_in).unflatten(-1, (self.num_heads, self.head_dim))
+        k = self.k_proj(x_in).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x_in).unflatten(-1, (self.num_kv_heads, self.head_dim))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, position_state = self.position.rotate(q, k, angles)
+        q, k, position_state = self.encode_positions(
+            q, k, x, x_in, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout
+        )
         log_forget = None
         if self.f_proj is not None:
-            log_forget = F.logsigmoid(self.f_proj(angles.x).to(compute_dtype(x.dtype)))
+            log_forget = F.logsigmoid(self.f_proj(x_in).to(compute_dtype(x.dtype)))
             if attention_mask is not None:  # padded tokens do not decay
                 log_forget = log_forget * (attention_mask != 0)[..., None]
         key_mask = None if attention_mask is None else attention_mask != 0
@@ -97,7 +99,7 @@ class Attention(MixerLayer):
         else:
             o = forgetting_attention(q, k, v, log_forget, cu_seqlens=cu_seqlens, key_mask=key_mask)
         if self.g_proj is not None:
-            o = o * torch.sigmoid(self.g_proj(angles.x).unflatten(-1, (self.num_heads, self.head_dim)))
+            o = o * torch.sigmoid(self.g_proj(x_in).unflatten(-1, (self.num_heads, self.head_dim)))
         out = self.o_proj(o.to(x.dtype).flatten(-2))
         new_state = None
         if use_cache:

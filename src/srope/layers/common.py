@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from srope.modules import Angles, PositionEncoding, ShortConvolution, build_position_encoding
+from srope.modules import PositionEncoding, ShortConvolution, build_position_encoding
 from srope.ops.checks import check_cu_seqlens
 from srope.ops.fused import rms_norm, rms_norm_gated
 from srope.ops.layout import RowLayout
@@ -49,6 +49,18 @@ class LayerState:
         found = []
         self.map(lambda t: found.append(t.shape[0]) or t)
         return found[0] if found else None
+
+
+def host_input(x: torch.Tensor) -> torch.Tensor:
+    """What a host layer's own linear maps read: under autocast a float32 x cast once to
+    autocast's dtype, shared by every map (autocast alone casts an x that is not a leaf once
+    per map, forward and backward); else a view of x. Either way the maps' gradients add up
+    there first and reach x as one, beside the position encoding's: x's gradient does not
+    depend on where in the layer the encoding runs."""
+    device = x.device.type
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(device):
+        return x.to(torch.get_autocast_dtype(device))
+    return x.view_as(x)
 
 
 def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -140,12 +152,13 @@ class MixerLayer(nn.Module):
         q, k, v = (t.unflatten(-1, (h, d)) for t, h, d in zip((q, k, v), heads, dims))
         return q, k, v, conv_state
 
-    def angles(self, x, *, attention_mask, cu_seqlens, state, use_cache, layout=None) -> Angles:
-        """The position encoding's angles for the block input x; the layer's own linear maps
-        read ``angles.x``, and ``self.position.rotate(q, k, angles)`` rotates its q and k."""
-        return self.position.angles(
-            x, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=None if state is None else state.position,
-            use_cache=use_cache, layout=layout,
+    def encode_positions(self, q, k, x, x_in, *, attention_mask, cu_seqlens, state, use_cache, layout=None):
+        """q and k through the layer's position encoding, the one call every encoding takes;
+        ``x`` is the block input, ``x_in`` what the layer's own maps read (:func:`host_input`).
+        Returns the rotated q and k and the encoding's new state."""
+        return self.position(
+            q, k, x, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=None if state is None else state.position,
+            use_cache=use_cache, layout=layout, x_cast=x_in if x_in.dtype != x.dtype else None,
         )
 
     @staticmethod

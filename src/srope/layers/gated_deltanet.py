@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions
+from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions, host_input
 from srope.ops.checks import compute_dtype
 from srope.ops.layout import RowLayout
 from srope.ops.mixers import gated_delta_rule
@@ -89,18 +89,20 @@ class GatedDeltaNet(MixerLayer):
     def forward(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None):
         self.check_input(x, attention_mask, cu_seqlens, state)
         layout = RowLayout.of(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device, given=layout)
-        angles = self.angles(x, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout)
+        x_in = host_input(x)
         q, k, v, conv_state = self.project_qkv(
-            angles.x, layout, state, (self.num_heads,) * 3, (self.head_k_dim, self.head_k_dim, self.head_v_dim), activation=F.silu,
+            x_in, layout, state, (self.num_heads,) * 3, (self.head_k_dim, self.head_k_dim, self.head_v_dim), activation=F.silu,
             want_state=use_cache,
         )
-        q, k, position_state = self.position.rotate(q, k, angles)
-        beta = torch.sigmoid(self.b_proj(angles.x).to(compute_dtype(x.dtype)))
+        q, k, position_state = self.encode_positions(
+            q, k, x, x_in, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout
+        )
+        beta = torch.sigmoid(self.b_proj(x_in).to(compute_dtype(x.dtype)))
         if self.allow_neg_eigval:
             beta = 2 * beta
         log_decay = None
         if self.A_log is not None:
-            log_decay = -self.A_log.to(beta.dtype).exp() * F.softplus(self.a_proj(angles.x).to(beta.dtype) + self.dt_bias.to(beta.dtype))
+            log_decay = -self.A_log.to(beta.dtype).exp() * F.softplus(self.a_proj(x_in).to(beta.dtype) + self.dt_bias.to(beta.dtype))
         real = self.real_tokens(x, attention_mask)
         if real is not None:  # padded tokens neither write to nor decay the state
             beta = beta * real.to(beta.dtype)
@@ -109,7 +111,7 @@ class GatedDeltaNet(MixerLayer):
             q, k, v, beta, log_decay, qk_l2norm=True,
             initial_state=None if state is None else state.recurrent, output_final_state=use_cache, cu_seqlens=cu_seqlens,
         )
-        gate = None if self.g_proj is None else self.g_proj(angles.x).unflatten(-1, (self.num_heads, self.head_v_dim))
+        gate = None if self.g_proj is None else self.g_proj(x_in).unflatten(-1, (self.num_heads, self.head_v_dim))
         out = self.o_proj(self.g_norm(o, gate).flatten(-2))
         new_state = LayerState(conv=conv_state, position=position_state, recurrent=recurrent) if use_cache else None
         return out, new_state

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions, expand_heads
+from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions, expand_heads, host_input
 from srope.ops.checks import compute_dtype, is_finite_number
 from srope.ops.layout import RowLayout
 from srope.ops.mixers import gla
@@ -101,13 +101,15 @@ class GatedLinearAttention(MixerLayer):
     def forward(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None):
         self.check_input(x, attention_mask, cu_seqlens, state)
         layout = RowLayout.of(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device, given=layout)
-        angles = self.angles(x, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout)
+        x_in = host_input(x)
         q, k, v, conv_state = self.project_qkv(
-            angles.x, layout, state, (self.num_heads, self.num_kv_heads, self.num_kv_heads), (self.head_k_dim, self.head_k_dim, self.head_v_dim),
+            x_in, layout, state, (self.num_heads, self.num_kv_heads, self.num_kv_heads), (self.head_k_dim, self.head_k_dim, self.head_v_dim),
             want_state=use_cache,
         )
-        q, k, position_state = self.position.rotate(q, k, angles)
-        g = self.log_decay(angles.x)
+        q, k, position_state = self.encode_positions(
+            q, k, x, x_in, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=state, use_cache=use_cache, layout=layout
+        )
+        g = self.log_decay(x_in)
         real = self.real_tokens(x, attention_mask)
         if real is not None:  # padded tokens neither write to nor decay the state
             k, v, g = (t * real[..., None].to(t.dtype) for t in (k, v, g))  # 0/1: exact in any dtype
@@ -115,7 +117,7 @@ class GatedLinearAttention(MixerLayer):
             q, expand_heads(k, self.num_heads), expand_heads(v, self.num_heads), expand_heads(g, self.num_heads),
             initial_state=None if state is None else state.recurrent, output_final_state=use_cache, cu_seqlens=cu_seqlens,
         )
-        gate = None if self.g_proj is None else self.g_proj(angles.x).unflatten(-1, (self.num_heads, self.head_v_dim))
+        gate = None if self.g_proj is None else self.g_proj(x_in).unflatten(-1, (self.num_heads, self.head_v_dim))
         out = self.o_proj(self.g_norm(o, gate).flatten(-2))
         new_state = LayerState(conv=conv_state, position=position_state, recurrent=recurrent) if use_cache else None
         return out, new_state

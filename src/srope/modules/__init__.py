@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from srope.modules.base import Angles, NoPE, PositionEncoding
+from srope.modules.base import NoPE, PositionEncoding
 from srope.modules.conv import FirstDifference, ShortConvolution
 from srope.modules.rope import RoPE, RoPEState
 from srope.modules.selective_rope import SelectiveRoPE, SelectiveRoPEState
@@ -42,6 +42,6 @@ def build_position_encoding(spec: str | dict[str, Any] | None, *, hidden_size: i
 
 
 __all__ = [
-    "Angles", "FirstDifference", "NoPE", "PositionEncoding", "RoPE", "RoPEState", "SPECTRA",
+    "FirstDifference", "NoPE", "PositionEncoding", "RoPE", "RoPEState", "SPECTRA",
     "SelectiveRoPE", "SelectiveRoPEState", "ShortConvolution", "SIZE_ARGUMENTS", "build_position_encoding", "position_class", "temperature_spectrum",
 ]

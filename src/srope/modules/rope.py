@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from srope.modules.base import Angles, PositionEncoding, autocast_input
+from srope.modules.base import PositionEncoding
 from srope.ops.checks import is_finite_number
 from srope.ops.rotary import rope
 from srope.ops.rotary.naive import rope_inverse_frequencies
@@ -52,36 +52,32 @@ class RoPE(PositionEncoding):
             self._inv_freq[key] = rope_inverse_frequencies(self.rotary_dim, self.theta).to(key)
         return self._inv_freq[key]
 
-    def angles(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None) -> Angles:
-        count = self.check_call(x, attention_mask, cu_seqlens)
-        batch, length = x.shape[:2]
-        start = torch.zeros(count, dtype=torch.long, device=x.device)
+    def forward(self, q, k, x=None, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None, x_cast=None):
+        count = self.check_call(q, k, x, attention_mask, cu_seqlens, x_cast)
+        start = torch.zeros(count, dtype=torch.long, device=q.device)
         if state is not None:
             self.check_state(state, RoPEState, {"position": (count,)})
             if state.position.is_floating_point() or state.position.is_complex():
                 raise TypeError(f"state.position must hold integer token counts, got {state.position.dtype}")
-            start = state.position.to(device=x.device, dtype=torch.long)
-        steps = torch.arange(length, device=x.device)
-        if cu_seqlens is not None:
-            seq = torch.searchsorted(cu_seqlens[1:].long(), steps, right=True)
-            positions = (start[seq] + steps - cu_seqlens.long()[seq])[None]
-            seen = cu_seqlens[1:].long() - cu_seqlens[:-1].long()
-        elif attention_mask is not None:
-            real = (attention_mask != 0).long()
-            positions = start[:, None] + real.cumsum(dim=1) - 1
-            seen = real.sum(dim=1)
-        else:
-            positions = start[:, None] + steps[None].expand(batch, length)
-            seen = torch.full((batch,), length, dtype=torch.long, device=x.device)
-        return Angles(autocast_input(x), (batch, length), count, cu_seqlens, state, use_cache, (positions, start + seen))
-
-    def rotate(self, q, k, angles: Angles):
-        self.check_rotation(q, k, angles)
+            start = state.position.to(device=q.device, dtype=torch.long)
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(f"q and k must have head_dim {self.head_dim}, got {q.shape[-1]} and {k.shape[-1]}")
-        positions, seen = angles.value
+        positions, seen = self.positions(start, *q.shape[:2], attention_mask, cu_seqlens)
         q, k = rope(q, k, positions, self.inv_freq(q.device))
-        return q, k, RoPEState(seen) if angles.use_cache else None
+        return q, k, RoPEState(start + seen) if use_cache else None
+
+    @staticmethod
+    def positions(start: torch.Tensor, batch: int, length: int, attention_mask, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every token's position ``[B, T]`` (real tokens counted from ``start [N]``, per row or
+        packed sequence) and the real tokens of every sequence in this call ``[N]``."""
+        steps = torch.arange(length, device=start.device)
+        if cu_seqlens is not None:
+            seq = torch.searchsorted(cu_seqlens[1:].long(), steps, right=True)
+            return (start[seq] + steps - cu_seqlens.long()[seq])[None], cu_seqlens[1:].long() - cu_seqlens[:-1].long()
+        if attention_mask is not None:
+            real = (attention_mask != 0).long()
+            return start[:, None] + real.cumsum(dim=1) - 1, real.sum(dim=1)
+        return start[:, None] + steps[None].expand(batch, length), torch.full((batch,), length, dtype=torch.long, device=start.device)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, theta={self.theta}"

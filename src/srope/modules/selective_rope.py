@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from srope import backend
-from srope.modules.base import Angles, PositionEncoding, autocast_input
+from srope.modules.base import PositionEncoding
 from srope.modules.conv import FirstDifference, ShortConvolution
 from srope.modules.spectra import SPECTRA, temperature_spectrum
 from srope.ops.checks import compute_dtype, is_finite_number
@@ -35,19 +35,6 @@ class SelectiveRoPEState(NamedTuple):
 
     conv: torch.Tensor  # [N, Hk·R, W-1], the last W-1 projected inputs
     phase: torch.Tensor  # [N, Hk, R] float64, Φ after the last token (before temperature)
-
-
-class _Increments(NamedTuple):
-    """Selective RoPE's angles of a call: φ ``[B, T, Hk, R]`` and the conv's new state."""
-
-    phi: torch.Tensor
-    conv_state: torch.Tensor | None
-
-
-class _DecodeStep(NamedTuple):
-    """A one-token step left to the fused decoding kernel, which reads x itself."""
-
-    x: torch.Tensor
 
 
 class SelectiveRoPE(PositionEncoding):
@@ -289,22 +276,21 @@ class SelectiveRoPE(PositionEncoding):
         the projection then writes the conv's input and the gate's shares as two tensors."""
         return self.projection == "full-rank" and self.gate_type == "standard" and t.dtype == torch.float32 and backend.kernels(t)
 
-    def project(self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, cast: torch.dtype | None = None):
+    def project(self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, x_low: torch.Tensor | None = None):
         """Every first layer acting on x̂ (x ℓ2-normalised per head chunk), in one
         :func:`normalized_head_projection` (x̂ is never built), as per-head parts
         ``[B, T, Hk, ·]`` in max(float32, x.dtype): the ω map's, then (with a gate) the gate's
         first layer's (:meth:`_first_layer_sizes`). ``grad_dtype`` is the dtype of its backward
-        products (float32 inputs only). With ``cast``, also x cast to that dtype, whose
-        gradient comes back through the projection (:meth:`angles`): ``(parts, x_cast)``."""
+        products (float32 inputs only). ``x_low``: x rounded to ``grad_dtype`` (the host's copy,
+        :meth:`shared_projection`), which the backward keeps instead of x."""
         dtype = compute_dtype(x.dtype)
         weight, sizes = self._first_layers(dtype)
         chunks = x.unflatten(-1, (self.num_heads, -1)).to(dtype)
         grad_dtype = grad_dtype if dtype == torch.float32 else None
         fused = self._fuses_gate(chunks)
-        out = normalized_head_projection(chunks, weight, self.norm_eps, grad_dtype, cast, sizes[0] if fused else None)
-        y, x_cast = out if cast is not None else (out, None)
-        parts = tuple(y) if fused else y.split(sizes, dim=-1)
-        return parts if cast is None else (parts, x_cast)
+        x_low = None if x_low is None else x_low.unflatten(-1, (self.num_heads, -1))
+        y = normalized_head_projection(chunks, weight, self.norm_eps, grad_dtype, split=sizes[0] if fused else None, x_low=x_low)
+        return tuple(y) if fused else y.split(sizes, dim=-1)
 
     def generator_inputs(
         self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, projected: tuple[torch.Tensor, ...] | None = None
@@ -336,7 +322,7 @@ class SelectiveRoPE(PositionEncoding):
         the whole sequence, so bf16 rounding of each would accumulate into the angles. Under
         autocast the backward's two large products (the ω map's input and weight gradients)
         run in autocast's dtype, as autocast runs the rest of the backward. ``projected``:
-        :meth:`project`'s parts for x, when :meth:`angles` ran it."""
+        :meth:`project`'s parts for x, when :meth:`shared_projection` ran it."""
         device = x.device.type
         grad_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         with torch.autocast(device, enabled=False):
@@ -395,66 +381,50 @@ class SelectiveRoPE(PositionEncoding):
         )
         return q, k, SelectiveRoPEState(conv, phase)
 
-    def angles(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None) -> Angles:
-        """The phase increments φ of x (see :meth:`phase_increments`), and the host's input.
+    def forward(self, q, k, x=None, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None, x_cast=None):
+        """q and k rotated by the phases of x (see :meth:`phase_increments`), and the new state.
 
-        Under autocast with gradients the generator's projection also returns the host's cast
-        of x, so that x gets one gradient (the projection's backward adds the host's maps' share
-        into its own) instead of two that autograd adds, and on CUDA the cast costs no pass of
-        its own. A one-token decoding step on CUDA without autograd defers everything to
-        :meth:`rotate`, whose fused kernel computes the generator and the rotation at once."""
-        count = self.check_call(x, attention_mask, cu_seqlens)
+        A one-token decoding step on CUDA without autograd takes :meth:`decode_step`, whose
+        fused kernel computes the generator and the rotation at once."""
+        count = self.check_call(q, k, x, attention_mask, cu_seqlens, x_cast)
         if x.shape[-1] != self.hidden_size:
             raise ValueError(f"x must have hidden size {self.hidden_size}, got {x.shape[-1]}")
-        conv_state = None
-        if state is not None:
-            width = (count, self.num_heads * self.pairs, self.conv.state_width)
-            self.check_state(state, SelectiveRoPEState, {"conv": width, "phase": (count, self.num_heads, self.pairs)})
-            conv_state = state.conv
-            if (
-                x.shape[1] == 1 and cu_seqlens is None and attention_mask is None
-                and not torch.is_grad_enabled() and backend.kernels(x) and not self.adapted()
-            ):
-                return Angles(autocast_input(x), tuple(x.shape[:2]), count, cu_seqlens, state, use_cache, _DecodeStep(x))
-        projected, host_input = self.shared_cast(x)
-        layout = RowLayout.of(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device, given=layout)
-        phi, conv_state = self.phase_increments(x, layout, conv_state, projected, want_state=use_cache)
-        if attention_mask is not None:
-            phi = phi * (attention_mask != 0)[..., None, None]
-        host_input = autocast_input(x) if host_input is None else host_input
-        return Angles(host_input, tuple(x.shape[:2]), count, cu_seqlens, state, use_cache, _Increments(phi, conv_state))
-
-    def shared_cast(self, x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor | None]:
-        """Under autocast with gradients and a float32 x: :meth:`project`'s parts and the
-        host's cast of x, written by the projection; else ``(None, None)`` (the host's input
-        is then autocast's plain cast, and the generator projects x itself)."""
-        device = x.device.type
-        if not (torch.is_grad_enabled() and x.dtype == torch.float32 and torch.is_autocast_enabled(device)) or self.adapted():
-            return None, None
-        grad_dtype = torch.get_autocast_dtype(device)
-        with torch.autocast(device, enabled=False):
-            projected, host_input = self.project(x, grad_dtype, cast=grad_dtype)
-        return projected, host_input.view(x.shape)
-
-    def rotate(self, q, k, angles: Angles):
-        self.check_rotation(q, k, angles)
         if k.shape[2] != self.num_heads or q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(
                 f"k must be [B, T, {self.num_heads}, {self.head_dim}] and q [B, T, H, {self.head_dim}] for this SelectiveRoPE "
                 f"(num_heads={self.num_heads}, head_dim={self.head_dim}), got q {tuple(q.shape)}, k {tuple(k.shape)}"
             )
-        if isinstance(angles.value, _DecodeStep):
-            q, k, new_state = self.decode_step(q, k, angles.value.x, angles.state)
-            return q, k, new_state if angles.use_cache else None
-        if not isinstance(angles.value, _Increments):
-            raise TypeError("angles must be what this SelectiveRoPE's angles(x) returned")
-        phi, conv_state = angles.value
-        offset = None if angles.state is None else angles.state.phase
+        conv_state = offset = None
+        if state is not None:
+            width = (count, self.num_heads * self.pairs, self.conv.state_width)
+            self.check_state(state, SelectiveRoPEState, {"conv": width, "phase": (count, self.num_heads, self.pairs)})
+            if (
+                x.shape[1] == 1 and cu_seqlens is None and attention_mask is None
+                and not torch.is_grad_enabled() and backend.kernels(x) and not self.adapted()
+            ):
+                q, k, new_state = self.decode_step(q, k, x, state)
+                return q, k, new_state if use_cache else None
+            conv_state, offset = state.conv, state.phase
+        layout = RowLayout.of(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device, given=layout)
+        phi, conv_state = self.phase_increments(x, layout, conv_state, self.shared_projection(x, x_cast), want_state=use_cache)
+        if attention_mask is not None:
+            phi = phi * (attention_mask != 0)[..., None, None]
         temperature = self.temperature(compute_dtype(q.dtype, phi.dtype), q.device)
-        q, k, phase = selective_rope(
-            q, k, phi, temperature, offset=offset, cu_seqlens=angles.cu_seqlens, output_final_phase=angles.use_cache
-        )
-        return q, k, SelectiveRoPEState(conv_state, phase) if angles.use_cache else None
+        q, k, phase = selective_rope(q, k, phi, temperature, offset=offset, cu_seqlens=cu_seqlens, output_final_phase=use_cache)
+        return q, k, SelectiveRoPEState(conv_state, phase) if use_cache else None
+
+    def shared_projection(self, x: torch.Tensor, x_cast: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
+        """Under autocast with gradients, a float32 x and the host's copy ``x_cast`` in autocast's
+        dtype: :meth:`project`'s parts, whose backward keeps that copy instead of x (one copy of
+        the block input held for the backward, not two); else None (the generator projects x itself)."""
+        device = x.device.type
+        if x_cast is None or not (torch.is_grad_enabled() and x.dtype == torch.float32 and torch.is_autocast_enabled(device)):
+            return None
+        grad_dtype = torch.get_autocast_dtype(device)
+        if x_cast.dtype != grad_dtype or self.adapted():
+            return None
+        with torch.autocast(device, enabled=False):
+            return self.project(x, grad_dtype, x_low=x_cast)
 
     def extra_repr(self) -> str:
         return (

@@ -159,3 +159,34 @@ def test_cast_with_low_precision_backward_keeps_only_the_cast():
     for ours, float32_x, expected in zip(grads, kept, exact):
         assert ours.dtype == torch.float32
         assert rel_err(ours, expected) < 2e-2 and rel_err(ours, float32_x) < 1e-3
+
+
+def test_the_callers_copy_is_kept_like_the_cast():
+    """``x_low`` (the host's own bf16 copy of x) is what the backward keeps, with no float32
+    copy of x: the gradients are bitwise those of ``cast == grad_dtype``, and none flows into the copy."""
+    gen = generator(7)
+    x = torch.randn(2, 17, 3, 16, generator=gen, requires_grad=True)
+    weight = torch.randn(3, 16, 8, generator=gen, requires_grad=True)
+    grad_y = torch.randn(2, 17, 3, 8, generator=gen)
+    x_low = x.to(torch.bfloat16)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = normalized_head_projection(x, weight, 1e-6, torch.bfloat16, x_low=x_low)
+    assert not [t for t in saved if t.dtype == torch.float32 and t.numel() == x.numel()]
+    assert any(t.dtype == torch.bfloat16 and t.data_ptr() == x_low.data_ptr() for t in saved)
+    y_cast, _ = normalized_head_projection(x, weight, 1e-6, torch.bfloat16, torch.bfloat16)
+    assert torch.equal(y, y_cast)
+    ours = torch.autograd.grad(y, (x, weight), grad_y)
+    expected = torch.autograd.grad(y_cast, (x, weight), grad_y)
+    assert all(torch.equal(a, b) for a, b in zip(ours, expected))
+
+
+@pytest.mark.parametrize("options,match", [
+    (dict(grad_dtype=torch.bfloat16, cast=torch.bfloat16), "either cast"),
+    (dict(grad_dtype=torch.float16), "x_low must be x"),  # not the backward's dtype
+    (dict(), "x_low must be x"),  # no lower grad_dtype
+])
+def test_bad_x_low_raises(options, match):
+    x = torch.randn(4, 2, 3)
+    with pytest.raises(ValueError, match=match):
+        normalized_head_projection(x, torch.randn(2, 3, 5), 1e-6, x_low=x.bfloat16(), **options)

@@ -347,6 +347,24 @@ def test_cast_on_cuda_against_torch_route(monkeypatch):
     assert torch.equal(unfused[0], fused[0]) and rel_err(fused[1], unfused[1]) < 8e-3
 
 
+@pytest.mark.gpu
+def test_callers_copy_on_cuda_matches_the_cast():
+    """A host layer's own bf16 copy of x (``x_low``) takes the kernels as the forward's cast
+    does: y and the weight gradient bitwise the same, and dx that of the cast route, whose
+    backward kernel adds the copy's gradient itself (here autograd adds it)."""
+    gen = generator(9)
+    x = randn(4101, 4, 256, seed_gen=gen).cuda().requires_grad_()
+    w = (randn(4, 256, 68, seed_gen=gen).cuda() / 16).requires_grad_()
+    grad_y, grad_copy = randn(4101, 4, 68, seed_gen=gen).cuda(), randn(4101, 4, 256, seed_gen=gen).cuda().bfloat16()
+    y, x_cast = projection.normalized_head_projection(x, w, 1e-6, torch.bfloat16, torch.bfloat16)
+    cast = torch.autograd.grad((y, x_cast), (x, w), (grad_y, grad_copy))
+    x_low = x.bfloat16()
+    y_low = projection.normalized_head_projection(x, w, 1e-6, torch.bfloat16, x_low=x_low)
+    low = torch.autograd.grad((y_low, x_low), (x, w), (grad_y, grad_copy))
+    assert torch.equal(y_low, y) and torch.equal(low[1], cast[1])
+    assert rel_err(low[0], cast[0]) < 1e-6
+
+
 def test_opcheck_backward(device):
     from srope.ops.generator.projection_kernels import _backward_op
 

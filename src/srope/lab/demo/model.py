@@ -41,17 +41,16 @@ def build_model(config: DemoConfig, kind: str, seed: int) -> torch.nn.Module:
 def encoding_input(model: torch.nn.Module, encoding: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
     """The block input x from which ``encoding`` (one of the model's) computes its angles,
     in one forward of ``tokens``."""
-    seen, angles = {}, encoding.angles
+    seen = {}
 
-    def capture(x, **options):
-        seen["x"] = x
-        return angles(x, **options)
+    def capture(module, args, kwargs):  # the call is encoding(q, k, x, ...)
+        seen["x"] = args[2] if len(args) > 2 else kwargs["x"]
 
-    encoding.angles = capture
+    hook = encoding.register_forward_pre_hook(capture, with_kwargs=True)
     try:
         model(torch.tensor([tokens], device=next(model.parameters()).device))
     finally:
-        del encoding.angles
+        hook.remove()
     return seen["x"]
 
 

@@ -61,7 +61,7 @@ def _head_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class _NormalizedHeadProjection(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype, cast: torch.dtype | None,
-                split: int | None):
+                split: int | None, x_low: torch.Tensor | None):
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None
         if x.is_cuda and x.dtype == torch.float32 and backend.kernels(x):
             from srope.ops.generator.projection_kernels import projection_forward
@@ -76,8 +76,10 @@ class _NormalizedHeadProjection(torch.autograd.Function):
         # With the backward's products in the cast's dtype, the backward reads x only as that
         # copy (the host's maps keep it anyway): saving the float32 x instead would hold the
         # block input's full-precision copy, 2x the cast's bytes, for the backward alone.
+        if x_low is None and cast is not None and cast == grad_dtype:
+            x_low = x_cast
         ctx.x_dtype = x.dtype
-        ctx.save_for_backward(x_cast if cast is not None and cast == grad_dtype else x, weight, inv_norm, *parts)
+        ctx.save_for_backward(x if x_low is None else x_low, weight, inv_norm, *parts)
         ctx.grad_dtype, ctx.parts = grad_dtype, len(parts)
         return (*parts, *(() if cast is None else (x_cast,)))
 
@@ -94,7 +96,7 @@ class _NormalizedHeadProjection(torch.autograd.Function):
 
             dy, y = (dys[0], parts[0]) if ctx.parts == 1 else (tuple(dys), tuple(parts))
             dx, dw = projection_backward(dy, y, inv_norm, weight.to(ctx.grad_dtype), x, ctx.needs_input_grad[1], d_cast)
-            return dx, dw, None, None, None, None
+            return dx, dw, None, None, None, None, None
         dy, y = (dys[0], parts[0]) if ctx.parts == 1 else (torch.cat(dys, -1), torch.cat(parts, -1))
         dz_low = (dy * inv_norm[..., None]).to(ctx.grad_dtype)  # products in grad_dtype, the rest in x's
         if ctx.needs_input_grad[0]:
@@ -108,12 +110,12 @@ class _NormalizedHeadProjection(torch.autograd.Function):
                 dx += d_cast
         if ctx.needs_input_grad[1]:
             dw = _weight_grad(x.to(ctx.grad_dtype), dz_low).to(ctx.x_dtype)
-        return dx, dw, None, None, None, None
+        return dx, dw, None, None, None, None, None
 
 
 def normalized_head_projection(
     x: torch.Tensor, weight: torch.Tensor, eps: float, grad_dtype: torch.dtype | None = None, cast: torch.dtype | None = None,
-    split: int | None = None,
+    split: int | None = None, *, x_low: torch.Tensor | None = None,
 ):
     """``x̂_h @ weight[h]`` for ``x [..., H, I]`` and ``weight [H, I, M]``: ``[..., H, M]``.
 
@@ -132,7 +134,12 @@ def normalized_head_projection(
     ``split`` (``1 <= S < M``): y as two contiguous tensors, its columns ``[0, S)`` and
     ``[S, M)`` (``((y_first, y_rest), x_cast)`` with ``cast``). On CUDA the kernels write
     and read the parts where they are, so a consumer that needs one part contiguous (the
-    generator's conv) gets it without a copy; a part's gradient may be a broadcast."""
+    generator's conv) gets it without a copy; a part's gradient may be a broadcast.
+
+    ``x_low`` (instead of ``cast``): x already rounded to ``grad_dtype`` (float16 or bfloat16),
+    a copy the caller holds anyway (a host layer's autocast input, which its own maps read
+    before this runs): the backward keeps it instead of x, as with ``cast == grad_dtype``.
+    No gradient flows into it."""
     if x.dim() < 2 or weight.dim() != 3 or x.shape[-2:] != weight.shape[:2]:
         raise ValueError(f"x [..., H, I] and weight [H, I, M] must agree, got {tuple(x.shape)} and {tuple(weight.shape)}")
     if x.dtype != weight.dtype:
@@ -145,8 +152,16 @@ def normalized_head_projection(
         raise TypeError(f"cast must be None, torch.float16 or torch.bfloat16, got {cast}")
     if split is not None and (isinstance(split, bool) or not isinstance(split, int) or not 1 <= split < weight.shape[2]):
         raise ValueError(f"split must be None or an int in [1, {weight.shape[2]}) (the outputs M), got {split!r}")
+    if x_low is not None:
+        if cast is not None:
+            raise ValueError("pass either cast (a copy made here) or x_low (the caller's copy), not both")
+        if not isinstance(x_low, torch.Tensor) or x_low.shape != x.shape or x_low.dtype != grad_dtype or grad_dtype == x.dtype:
+            shape = tuple(x_low.shape) if isinstance(x_low, torch.Tensor) else type(x_low).__name__
+            raise ValueError(f"x_low must be x {tuple(x.shape)} in a lower grad_dtype (got grad_dtype {grad_dtype}), got {shape}"
+                             f"{' ' + str(x_low.dtype) if isinstance(x_low, torch.Tensor) else ''}")
+        x_low = x_low.detach().reshape(-1, *x.shape[-2:])
     lead = x.shape[:-2]
-    out = _NormalizedHeadProjection.apply(x.reshape(-1, *x.shape[-2:]), weight, eps, grad_dtype, cast, split)
+    out = _NormalizedHeadProjection.apply(x.reshape(-1, *x.shape[-2:]), weight, eps, grad_dtype, cast, split, x_low)
     out = out if isinstance(out, tuple) else (out,)
     parts = [p.reshape(*lead, *p.shape[-2:]) for p in out[: 1 if split is None else 2]]
     y = parts[0] if split is None else tuple(parts)

@@ -14,9 +14,8 @@ normal range keep an absolute error of at most 2^-25 (no part can overflow). The
 product of each step starts from a zero accumulator and is added in float32: chained
 through one accumulator over the whole chunk the tensor cores' truncation as they add
 doubles the error (measurements in docs/kernels.md, "Tuning"). With ``cast`` the first
-pass also writes x rounded to bf16/fp16: the copy the host's linear maps read under
-autocast (``angles.x`` of :meth:`srope.modules.SelectiveRoPE.angles`), at no extra read of
-x. With ``split`` the outputs go to two tensors, columns ``[0, S)`` and ``[S, M)``, one
+pass also writes x rounded to bf16/fp16 (what a host's linear maps read under autocast),
+at no extra read of x. With ``split`` the outputs go to two tensors, columns ``[0, S)`` and ``[S, M)``, one
 column tile each (the generator's: the conv's input, then the gate's shares), and the
 backward reads dy and y from such parts at their own strides (the gate's gradient is a
 broadcast over heads).
