@@ -116,6 +116,7 @@ def test_default_workers():
         ({"config": dataclasses.replace(TINY, eval_size=0)}, ValueError, "eval_size must be a positive integer"),
         ({"config": dataclasses.replace(TINY, mixed_density=1.5)}, ValueError, r"mixed_density must be in \[0, 1\]"),
         ({"config": dataclasses.replace(TINY, mixed_from_stage=2)}, ValueError, r"mixed_from_stage must be a curriculum stage index in \[0, 2\)"),
+        ({"config": dataclasses.replace(TINY, cuda_graph="yes")}, ValueError, "cuda_graph must be 'off', 'auto' or 'on'"),
     ],
 )
 def test_run_demo_rejects_bad_arguments(tmp_path, kwargs, error, match):
@@ -147,6 +148,30 @@ class ParityOracle(nn.Module):
         corrupt[:, -1] |= bits[:, -1] == 0
         preds = torch.where(corrupt, wrong, preds)
         return type("Output", (), {"logits": nn.functional.one_hot(preds, 4).float() * 5.0 - 1.0})()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_captured_demo_step_trains_as_the_eager_step():
+    """``cuda_graph="on"``: each curriculum stage's step is captured after its two warm-up
+    steps (one graph per stage, its length and phase noise in it) and the losses follow the
+    eager run's to rounding (the captured AdamW keeps its step counts on the device)."""
+    from srope.lab.demo.model import build_model
+    from srope.lab.demo.training import PhaseNoise, device_batches, make_trainer
+
+    config = dataclasses.replace(TINY, curriculum=((6, 8), (9, 8), (9, 6)), phase_noise_by_stage=(0.2, 0.1, 0.0), bf16_autocast=True)
+    device = torch.device("cuda")
+    losses, replayed = {}, {}
+    for mode in ("off", "on"):
+        model = build_model(dataclasses.replace(config, cuda_graph=mode), "selective_rope", 0).to(device)
+        trainer = make_trainer(model, dataclasses.replace(config, cuda_graph=mode), device, [PhaseNoise(model, config)])
+        steps = []
+        for step, inputs, targets in device_batches(config, 0, device):
+            trainer.before_step(step)
+            steps.append(float(trainer.train_step(step, trainer.lr_at(step), inputs, targets)))
+        losses[mode], replayed[mode] = steps, trainer.graph_steps
+    assert replayed == {"off": 0, "on": 22 - 2 * 3}
+    assert np.allclose(losses["on"], losses["off"], rtol=0, atol=2e-3), (losses["on"], losses["off"])
 
 
 def test_metric_recomputed_by_xor():

@@ -112,3 +112,34 @@ def test_a_captured_step_needs_cuda():
     step = graphed.graphed_optimizer_step(model, torch.optim.AdamW(model.parameters()), lambda x, y: model(x).square().mean())
     with pytest.raises(ValueError, match="CUDA"):
         step(0, 0.1, *batches[0])
+
+
+def test_one_graph_per_key_sharing_the_learning_rate_tensors(streams_on_the_cpu):
+    """With ``key``, each value (a curriculum stage) gets a graph of its own, warmed up on its own
+    first steps; all of them read the same learning-rate tensor per group, so a graph captured
+    earlier follows the schedule too. The steps train as the eager step does."""
+    model, batches = _model_and_batches()
+    reference, _ = _model_and_batches()
+    # SGD: a capturable AdamW runs on accelerators only
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    made, rates = [], []
+    original = graphed._BatchGraph.__init__
+
+    def recording(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.warmup = 10
+        made.append(self.inputs[0].shape[0])
+        rates.append([group["lr"] for group in optimizer.param_groups])
+
+    stage = {0: "a", 1: "a", 2: "b", 3: "b", 4: "a"}
+    step = graphed.graphed_optimizer_step(model, optimizer, lambda x, y: model(x).square().mean(), key=stage.__getitem__)
+    ref_step = optimizer_step(reference, ref_optimizer, lambda x, y: reference(x).square().mean())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(graphed._BatchGraph, "__init__", recording)
+        for at, batch in enumerate([batches[0], batches[2], batches[1], batches[3], batches[4]]):
+            assert torch.equal(step(at, 0.1 / (at + 1), *batch), ref_step(at, 0.1 / (at + 1), *batch)), at
+    assert made == [16, 5]  # stage "a" keeps its graph when it comes back
+    assert all(a is b for a, b in zip(*rates))
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(a, b)

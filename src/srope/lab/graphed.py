@@ -23,7 +23,7 @@ loss for NaN reads it after the replay, so a non-finite step has already been ap
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -45,7 +45,10 @@ class CapturedStep:
         self.optimizer, self.warmup, self.thread_local = optimizer, warmup, thread_local
         for group in optimizer.param_groups:
             group["capturable"] = True
-            group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+            # one tensor per group for every graph of this optimiser: a graph captured earlier
+            # reads the rate that each step fills, not one it was handed at its capture
+            if not (isinstance(group["lr"], torch.Tensor) and group["lr"].device == device):
+                group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
         # a capturable AdamW keeps its step counts on the device; a state loaded from a
         # checkpoint of a non-capturable run (e.g. written on the CPU) has them on the host
         for state in optimizer.state.values():
@@ -168,22 +171,29 @@ class _BatchGraph(CapturedStep):
 
 
 def graphed_optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss: Callable[..., torch.Tensor], *,
-                           grad_clip: float | None = None, strict: bool = False) -> Callable[..., torch.Tensor]:  # fmt: skip
+                           grad_clip: float | None = None, strict: bool = False,
+                           key: Callable[[int], Hashable] | None = None) -> Callable[..., torch.Tensor]:  # fmt: skip
     """:func:`srope.lab.step.optimizer_step` as a CUDA graph: the batch captured fixes the
     shapes (until then a batch with a larger first tensor starts the warm-up again), a batch
     of other shapes runs eagerly (same update). ``step.replayed`` counts the captured steps. ``loss`` must not
     synchronise with the host (no ``.item()``, no data-dependent shapes) and should run under
     an autocast without its weight cache (``cache_enabled=False``). If the capture fails the
-    step goes on eagerly with a warning, or raises :class:`GraphCaptureError` when ``strict``."""
+    step goes on eagerly with a warning, or raises :class:`GraphCaptureError` when ``strict``.
+
+    ``key(step)``: one graph per value, for a run whose shapes or Python-side settings change
+    in stages (the demo's curriculum: each stage's length and phase noise); each key's graph
+    warms up and captures on its own first steps. Without it, one graph for the whole run."""
     eager = optimizer_step(model, optimizer, loss, grad_clip=grad_clip)
-    state: dict[str, Any] = {"graph": None, "failed": False}
+    graphs: dict[Hashable, _BatchGraph] = {}
+    state = {"failed": False}
 
     def step(at: int, lr: float, *batch: torch.Tensor) -> torch.Tensor:
-        graph = state["graph"]
+        name = None if key is None else key(at)
+        graph = graphs.get(name)
         # until the capture a larger batch takes over the graph: a resume may start at an epoch's last, smaller batch
         larger = graph is not None and graph.graph is None and not graph.matches(batch) and batch[0].numel() > graph.inputs[0].numel()
         if (graph is None or larger) and not state["failed"]:
-            graph = state["graph"] = _BatchGraph(model, optimizer, loss, batch, grad_clip)
+            graph = graphs[name] = _BatchGraph(model, optimizer, loss, batch, grad_clip)
         if graph is not None and graph.matches(batch):
             try:
                 out = graph.step(batch, lr)
@@ -193,7 +203,8 @@ def graphed_optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, l
                 if strict:
                     raise
                 warnings.warn(f"{error}; training on without a CUDA graph", stacklevel=2)
-                state["graph"], state["failed"] = None, True
+                graphs.clear()
+                state["failed"] = True
         return eager(at, lr, *batch)  # fills the lr tensors a capture left in the groups
 
     step.replayed = 0

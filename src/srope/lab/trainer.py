@@ -28,7 +28,7 @@ its weight average) is a hook, not code in the loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -64,25 +64,27 @@ class Trainer:
 
     ``loss(*batch)`` (a scalar to minimise) makes the plain step, with ``grad_clip`` (None: no
     clipping); ``cuda_graph`` (``off``, ``auto``, ``on``) captures it on a CUDA ``device``
-    (``on``: a failed capture raises instead of training on eagerly). Without ``loss`` a subclass
+    (``on``: a failed capture raises instead of training on eagerly), one graph per value of
+    ``graph_key(step)`` where it is given. Without ``loss`` a subclass
     overrides :meth:`train_step`. ``fused`` as :func:`~srope.lab.train.optim.adamw`'s.
     """
 
     def __init__(self, model: nn.Module, params: Iterable, *, lr: float, lr_at: Callable[[int], float] | None = None,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.0, fused: bool | None = None,
                  loss: Callable[..., torch.Tensor] | None = None, grad_clip: float | None = None, cuda_graph: str = "off",
-                 device: torch.device | str | None = None, hooks: Iterable[Hook] = ()):  # fmt: skip
+                 graph_key: Callable[[int], Hashable] | None = None, device: torch.device | str | None = None,
+                 hooks: Iterable[Hook] = ()):  # fmt: skip
         if cuda_graph not in CUDA_GRAPH:
             raise ValueError(f"cuda_graph must be one of {CUDA_GRAPH}, got {cuda_graph!r}")
         self.model = model
         self.optimizer = adamw(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
         self.schedule = lr_at
         self.hooks = list(hooks)
-        self.step_fn = None if loss is None else self._plain_step(loss, grad_clip, cuda_graph, torch.device(device or "cpu"))
+        self.step_fn = None if loss is None else self._plain_step(loss, grad_clip, cuda_graph, graph_key, torch.device(device or "cpu"))
 
-    def _plain_step(self, loss, grad_clip, cuda_graph: str, device: torch.device):
+    def _plain_step(self, loss, grad_clip, cuda_graph: str, graph_key, device: torch.device):
         if cuda_graph != "off" and device.type == "cuda":
-            return graphed_optimizer_step(self.model, self.optimizer, loss, grad_clip=grad_clip, strict=cuda_graph == "on")
+            return graphed_optimizer_step(self.model, self.optimizer, loss, grad_clip=grad_clip, strict=cuda_graph == "on", key=graph_key)
         return optimizer_step(self.model, self.optimizer, loss, grad_clip=grad_clip)
 
     @property

@@ -65,6 +65,7 @@ class DemoConfig(RunConfig):
     eval_size: int
     eval_batch_size: int
     bf16_autocast: bool = False  # on CUDA only; phases and angles stay float32/float64 anyway
+    cuda_graph: str = "off"  # on CUDA: "auto" captures each curriculum stage's step as a CUDA graph (srope.lab.graphed)
     mixed_density: float = 0.0
     mixed_from_stage: int = 0
     position_weight_decay: bool = True
@@ -137,6 +138,8 @@ class DemoConfig(RunConfig):
         for stage in self.curriculum:
             if len(stage) not in (2, 3) or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in stage):
                 raise ValueError(f"curriculum stages must be (length >= 1, steps >= 1[, batch size >= 1]) integers, got {stage!r}")
+        if self.cuda_graph not in ("off", "auto", "on"):
+            raise ValueError(f"cuda_graph must be 'off', 'auto' or 'on', got {self.cuda_graph!r}")
         for name in ("batch_size", "eval_len", "eval_size", "eval_batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

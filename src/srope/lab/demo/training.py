@@ -37,15 +37,25 @@ def make_trainer(model: torch.nn.Module, config: DemoConfig, device: torch.devic
     vocab = state_tracking.vocab_size(get_group(GROUP))
     bf16 = config.bf16_autocast and device.type == "cuda"
 
-    def loss(inputs: np.ndarray, targets: np.ndarray) -> torch.Tensor:
-        x = torch.as_tensor(inputs.astype(np.int64), device=device)
-        y = torch.as_tensor(targets.astype(np.int64), device=device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(x).logits
-        return F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), y.reshape(-1), label_smoothing=config.label_smoothing)
+    def loss(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # no autocast weight cache: a captured step must cast the weights it updates every replay
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+            logits = model(inputs).logits
+        return F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), targets.reshape(-1), label_smoothing=config.label_smoothing)
 
+    # the graph of a curriculum stage holds its length and Selective RoPE's phase noise, which
+    # PhaseNoise sets per stage: one graph per stage
     return Trainer(model, optimizer_groups(model, config), lr=config.lr, lr_at=config.lr_at, betas=config.betas, eps=config.adam_eps,
-                   weight_decay=config.weight_decay, fused=False, loss=loss, grad_clip=config.grad_clip, device=device, hooks=hooks)
+                   weight_decay=config.weight_decay, fused=False, loss=loss, grad_clip=config.grad_clip, cuda_graph=config.cuda_graph,
+                   graph_key=config.stage_at, device=device, hooks=hooks)
+
+
+def device_batches(config: DemoConfig, seed: int, device: torch.device):
+    """:func:`train_batches` as int64 tensors on ``device`` (a captured step copies them into
+    the graph's inputs on the device)."""
+    for step, inputs, targets in train_batches(config, seed):
+        yield (step, torch.as_tensor(inputs.astype(np.int64)).to(device, non_blocking=True),
+               torch.as_tensor(targets.astype(np.int64)).to(device, non_blocking=True))
 
 
 def make_optimizer(model: torch.nn.Module, config: DemoConfig) -> torch.optim.AdamW:
@@ -122,5 +132,5 @@ def train_model(kind: str, config: DemoConfig, seed: int, device: str,
         hooks.insert(0, WeightAverage(model, config))  # its update sees the step's weights before anything else
     trainer = make_trainer(model, config, dev, hooks)
     model.train()
-    trainer.fit(train_batches(config, seed))
+    trainer.fit(device_batches(config, seed, dev))
     return model, torch.stack(record.losses).float().cpu().numpy()
