@@ -10,6 +10,8 @@ from srope.lab.report.cells import _footnotes, _label_cell, _short, _table, fmt,
 from srope.lab.report.rows import Row, _by_group
 from srope.lab.report.verdicts import Verdict, validity_text
 
+LM_PAGE = "srope.lab.report.page_lm"
+
 
 def pages() -> list[tuple[str, Any]]:
     """Each page's name and module, in the paper's order (pages the paper has no experiment for
@@ -17,12 +19,13 @@ def pages() -> list[tuple[str, Any]]:
     :class:`ScoresPage`) and the LM page. A module's ``report_page(rows)`` builds the page; its
     ``RULE`` states the verdict rule, and a task whose verdicts check the test's validity sets
     ``MIN_STEPS_SHARE`` and ``VALIDITY``."""
-    from srope.lab.report import page_lm
     from srope.lab.tasks.registry import tasks
+    from srope.registry import load
 
     modules = [(name, entry.report_module() or ScoresPage(name)) for name, entry in tasks.items()]
     order = list(dict.fromkeys(key.split("/")[0] for key in paper.EXPERIMENTS))
-    return sorted([*modules, ("lm", page_lm)], key=lambda item: order.index(item[0]) if item[0] in order else len(order))
+    # found by name as the tasks' pages are: the LM page builds on this module
+    return sorted([*modules, ("lm", load(LM_PAGE))], key=lambda item: order.index(item[0]) if item[0] in order else len(order))
 
 
 def rules() -> dict[str, str]:
