@@ -182,7 +182,8 @@ def graphed_optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, l
 
     ``key(step)``: one graph per value, for a run whose shapes or Python-side settings change
     in stages (the demo's curriculum: each stage's length and phase noise); each key's graph
-    warms up and captures on its own first steps. Without it, one graph for the whole run."""
+    warms up and captures on its own first steps, and keeps its memory pool for as long as the
+    step lives (a key may come back). Without it, one graph for the whole run."""
     eager = optimizer_step(model, optimizer, loss, grad_clip=grad_clip)
     graphs: dict[Hashable, _BatchGraph] = {}
     state = {"failed": False}

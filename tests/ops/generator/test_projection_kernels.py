@@ -330,9 +330,10 @@ def test_cast_on_cuda_against_torch_route(monkeypatch):
     the bf16 copy of x, so dx's -r²(dy·y)·x term reads x rounded (3e-6 of dx here on the
     CPU's torch route); the weight gradient read the rounded x before too."""
     gen = generator(8)
-    x = randn(4101, 4, 256, seed_gen=gen).cuda().requires_grad_()
-    w = (randn(4, 256, 68, seed_gen=gen).cuda() / 16).requires_grad_()
-    grad_y, grad_cast = randn(4101, 4, 68, seed_gen=gen).cuda(), randn(4101, 4, 256, seed_gen=gen).cuda().bfloat16()
+    calls = _count_kernel_calls(monkeypatch)
+    x = randn(4101, 4, 256, seed_gen=gen, dtype=torch.float32).cuda().requires_grad_()  # float32: the kernels' input
+    w = (randn(4, 256, 68, seed_gen=gen, dtype=torch.float32).cuda() / 16).requires_grad_()
+    grad_y, grad_cast = randn(4101, 4, 68, seed_gen=gen, dtype=torch.float32).cuda(), randn(4101, 4, 256, seed_gen=gen).cuda().bfloat16()
 
     def run():
         y, x_cast = projection.normalized_head_projection(x, w, 1e-6, torch.bfloat16, torch.bfloat16)
@@ -340,6 +341,7 @@ def test_cast_on_cuda_against_torch_route(monkeypatch):
 
     fused = run()
     plain = torch.autograd.grad(projection.normalized_head_projection(x, w, 1e-6, torch.bfloat16), (x, w), grad_y)
+    assert calls == {"forward": 2, "backward": 2}  # both routes above ran the kernels
     assert torch.equal(fused[0], x.detach().bfloat16())
     assert rel_err(fused[1], plain[0] + grad_cast.float()) < 2e-5 and torch.equal(fused[2], plain[1])
     with backend.use("torch"):
@@ -348,21 +350,38 @@ def test_cast_on_cuda_against_torch_route(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_callers_copy_on_cuda_matches_the_cast():
+def test_callers_copy_on_cuda_matches_the_cast(monkeypatch):
     """A host layer's own bf16 copy of x (``x_low``) takes the kernels as the forward's cast
     does: y and the weight gradient bitwise the same, and dx that of the cast route, whose
     backward kernel adds the copy's gradient itself (here autograd adds it)."""
     gen = generator(9)
-    x = randn(4101, 4, 256, seed_gen=gen).cuda().requires_grad_()
-    w = (randn(4, 256, 68, seed_gen=gen).cuda() / 16).requires_grad_()
-    grad_y, grad_copy = randn(4101, 4, 68, seed_gen=gen).cuda(), randn(4101, 4, 256, seed_gen=gen).cuda().bfloat16()
+    calls = _count_kernel_calls(monkeypatch)
+    x = randn(4101, 4, 256, seed_gen=gen, dtype=torch.float32).cuda().requires_grad_()  # float32: the kernels' input
+    w = (randn(4, 256, 68, seed_gen=gen, dtype=torch.float32).cuda() / 16).requires_grad_()
+    grad_y, grad_copy = randn(4101, 4, 68, seed_gen=gen, dtype=torch.float32).cuda(), randn(4101, 4, 256, seed_gen=gen).cuda().bfloat16()
     y, x_cast = projection.normalized_head_projection(x, w, 1e-6, torch.bfloat16, torch.bfloat16)
     cast = torch.autograd.grad((y, x_cast), (x, w), (grad_y, grad_copy))
     x_low = x.bfloat16()
     y_low = projection.normalized_head_projection(x, w, 1e-6, torch.bfloat16, x_low=x_low)
     low = torch.autograd.grad((y_low, x_low), (x, w), (grad_y, grad_copy))
+    assert calls == {"forward": 2, "backward": 2}  # both routes ran the kernels
     assert torch.equal(y_low, y) and torch.equal(low[1], cast[1])
     assert rel_err(low[0], cast[0]) < 1e-6
+
+
+def _count_kernel_calls(monkeypatch) -> dict[str, int]:
+    """Counts the calls of the projection's kernel launches: a CUDA test of the kernels must
+    reach them (float64 inputs, say, take the PyTorch route)."""
+    from srope.ops.generator import projection_kernels
+
+    calls = {"forward": 0, "backward": 0}
+    for name, fn in (("forward", projection_kernels.projection_forward), ("backward", projection_kernels.projection_backward)):
+        def counted(*args, _name=name, _fn=fn, **kwargs):
+            calls[_name] += 1
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(projection_kernels, f"projection_{name}", counted)
+    return calls
 
 
 def test_opcheck_backward(device):
