@@ -346,8 +346,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    if not (args.release / "synthetic_tasks" / "zoology" / "src").is_dir():
-        raise SystemExit(f"--release {args.release}: not a checkout of timurcarstensen/selective-rope (no synthetic_tasks/zoology/src)")
+    vs_authors.check_release(args.release, "zoology")
     run(args)
 
 

@@ -608,8 +608,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    if not (args.release / "synthetic_tasks" / "state_tracking" / "src").is_dir():
-        raise SystemExit(f"--release {args.release}: not a checkout of the authors' release (no synthetic_tasks/state_tracking/src)")
+    vs_authors.check_release(args.release, "state_tracking")
     run(args)
 
 

@@ -651,6 +651,12 @@ def run_ours_state_tracking(seed: int, out: dict, folder: Path) -> None:
                parameters=record.get("parameters"), metrics=record["metrics"])  # metrics: the reported evaluation, its accuracy by length included
 
 
+def check_release(release: Path, task: str) -> None:
+    """Exit with a one-line message unless ``release`` holds the release's ``task`` pipeline."""
+    if not (release / "synthetic_tasks" / task).is_dir():
+        raise SystemExit(f"--release {release}: not a checkout of timurcarstensen/selective-rope (no synthetic_tasks/{task})")
+
+
 def run_one(args: argparse.Namespace) -> None:
     import torch
 
@@ -803,8 +809,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "report":
         return report(args)
-    if not (args.release / "synthetic_tasks" / "copying").is_dir():
-        raise SystemExit(f"--release {args.release}: not a checkout of timurcarstensen/selective-rope (no synthetic_tasks/copying)")
+    check_release(args.release, "copying")
     if not args.release_commit:
         done = subprocess.run(["git", "-C", str(args.release), "rev-parse", "HEAD"], capture_output=True, text=True)
         args.release_commit = done.stdout.strip() or "unknown"
