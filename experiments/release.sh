@@ -7,7 +7,9 @@
 #                                         (PROBE=1: profile and concurrency probes first)
 #   bash experiments/release.sh collect   waits for the detached runs while the call lasts (CALL_S),
 #                                         then packs every results.json and log into $OUT/release.tgz
-#                                         (STOP=1: stops runs still going, keeping their checkpoints)
+#                                         (STOP=1: stops runs still going, keeping their checkpoints;
+#                                         CHECKPOINTS=1: keeps each run's latest checkpoint while runs
+#                                         go on, so that a machine lost before the next call costs little)
 # Detached runs live while the machine is warm: queue each collect as soon as the last returns.
 set -u
 END=$(($(date +%s) + ${CALL_S:-560}))
@@ -83,6 +85,8 @@ case "$1" in
       # the last call of the machine: every run checkpoints at its next step and exits; the
       # latest checkpoints travel back, to resume from out/release in a later session
       pkill -INT -f "srope synth"; sleep 45
+    fi
+    if [ "${STOP:-0}" = 1 ] || [ "${CHECKPOINTS:-0}" = 1 ]; then
       mapfile -t keep < <(echo "--exclude=*.tmp"; for c in out/release/*/runs/*/checkpoints; do
         [ -d "$c" ] && ls -d "$c"/step_* | grep -v '\.tmp$' | head -n -1 | sed 's|^out/|--exclude=|'; done)
     fi
