@@ -117,6 +117,7 @@ def test_default_workers():
         ({"config": dataclasses.replace(TINY, mixed_density=1.5)}, ValueError, r"mixed_density must be in \[0, 1\]"),
         ({"config": dataclasses.replace(TINY, mixed_from_stage=2)}, ValueError, r"mixed_from_stage must be a curriculum stage index in \[0, 2\)"),
         ({"config": dataclasses.replace(TINY, cuda_graph="yes")}, ValueError, "cuda_graph must be 'off', 'auto' or 'on'"),
+        ({"config": dataclasses.replace(TINY, autotune="fast")}, ValueError, "autotune must be 'full' or 'first'"),
     ],
 )
 def test_run_demo_rejects_bad_arguments(tmp_path, kwargs, error, match):

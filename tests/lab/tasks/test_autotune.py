@@ -54,6 +54,27 @@ def test_bad_modes_are_refused(monkeypatch):
         autotune.apply("all")
 
 
+def test_scoped_first_is_undone_after_its_block(monkeypatch):
+    """``srope demo`` on CUDA tunes with ``first`` inside its training only: the caller's
+    process gets Triton's autotuner and its environment back as they were, also after an error."""
+    monkeypatch.delenv(autotune.ENV, raising=False)
+    autotune.apply("full")
+    full_bench = autotuner.Autotuner._bench
+    with autotune.scoped("first"):
+        assert autotune.mode() == "first" and autotuner.Autotuner._bench is not full_bench
+    assert autotuner.Autotuner._bench is full_bench and autotune.mode() == "full"
+    autotune.apply("first")
+    with pytest.raises(RuntimeError, match="inside"):
+        with autotune.scoped("full"):
+            assert autotuner.Autotuner._bench is full_bench
+            raise RuntimeError("inside")
+    assert autotune.mode() == "first" and autotuner.Autotuner._bench is not full_bench
+    autotune.apply("full")
+    with pytest.raises(ValueError, match="autotune must be one of"):
+        with autotune.scoped("fast"):
+            pass
+
+
 def test_first_runs_the_candidate_once_instead_of_timing_it(monkeypatch):
     """A timed loop would run it as often as fits its window (a number that depends on the GPU's
     load); the first candidate only has to run. Full mode keeps Triton's own timing."""

@@ -66,6 +66,10 @@ class DemoConfig(RunConfig):
     eval_batch_size: int
     bf16_autocast: bool = False  # on CUDA only; phases and angles stay float32/float64 anyway
     cuda_graph: str = "off"  # on CUDA: "auto" captures each curriculum stage's step as a CUDA graph (srope.lab.graphed)
+    # On CUDA, how much Triton autotunes (srope.lab.tasks.autotune): "first" takes each kernel's
+    # first candidate, so a fresh machine spends no tens of seconds timing fla's kernels for a
+    # model this small, whose step the graph makes launch-bound anyway.
+    autotune: str = "full"
     mixed_density: float = 0.0
     mixed_from_stage: int = 0
     position_weight_decay: bool = True
@@ -140,6 +144,8 @@ class DemoConfig(RunConfig):
                 raise ValueError(f"curriculum stages must be (length >= 1, steps >= 1[, batch size >= 1]) integers, got {stage!r}")
         if self.cuda_graph not in ("off", "auto", "on"):
             raise ValueError(f"cuda_graph must be 'off', 'auto' or 'on', got {self.cuda_graph!r}")
+        if self.autotune not in ("full", "first"):
+            raise ValueError(f"autotune must be 'full' or 'first', got {self.autotune!r}")
         for name in ("batch_size", "eval_len", "eval_size", "eval_batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -235,6 +241,8 @@ CUDA = DemoConfig(
     eval_size=4000,
     eval_batch_size=500,
     bf16_autocast=True,
+    cuda_graph="auto",
+    autotune="first",
     note="the authors' state-tracking GLA (hidden 384, 12 heads, expand_k 1, short conv)",
 )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import time
@@ -15,17 +16,20 @@ from srope.lab.demo.config import LABELS, POSITIONS, DemoConfig
 from srope.lab.demo.evaluation import predict, score
 from srope.lab.demo.model import parity_angles
 from srope.lab.demo.training import train_model
+from srope.lab.tasks import autotune
 
 
 def train_one(kind: str, config: DemoConfig, seed: int, device: str, data: dict[str, Any],
               report: Callable[[str, int, float], None] | None = None) -> dict[str, Any]:
     """Train the ``kind`` model (:func:`train_model`), then score it on ``data`` (from :func:`eval_sets`)."""
     start, cpu_start = time.perf_counter(), _cpu_seconds()
-    model, losses = train_model(kind, config, seed, device, report)
-    train_seconds, train_cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
-    bf16 = config.bf16_autocast and device == "cuda"
-    scores = {name: score(predict(model, data[name][0], config.eval_batch_size, torch.device(device), bf16), data[name][1])
-              for name in ("train", "eval")}
+    tuning = autotune.scoped(config.autotune) if device == "cuda" else contextlib.nullcontext()
+    with tuning:
+        model, losses = train_model(kind, config, seed, device, report)
+        train_seconds, train_cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
+        bf16 = config.bf16_autocast and device == "cuda"
+        scores = {name: score(predict(model, data[name][0], config.eval_batch_size, torch.device(device), bf16), data[name][1])
+                  for name in ("train", "eval")}
     window = max(1, min(50, len(losses) // 10))
     return {
         "parity_angles": parity_angles(model, config.eval_len) if kind == "selective_rope" else None,

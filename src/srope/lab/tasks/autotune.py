@@ -11,6 +11,7 @@ every call's provenance.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -38,6 +39,35 @@ def apply(value: str | None = None) -> str:
     else:
         every_config()
     return value
+
+
+@contextlib.contextmanager
+def scoped(value: str):
+    """:func:`apply` ``value`` inside the block only: the process's mode (environment and
+    Triton's autotuner) is restored after it, so a library call (``srope.run_demo``) does not
+    leave Triton patched in the caller's session."""
+    if value not in MODES:
+        raise ValueError(f"autotune must be one of {MODES}, got {value!r}")
+    before_env = os.environ.get(ENV)
+    from_triton = _patched()
+    apply(value)
+    try:
+        yield value
+    finally:
+        first_config_only() if from_triton else every_config()
+        if before_env is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before_env
+
+
+def _patched() -> bool:
+    """Whether Triton's autotuner is in ``first`` mode now."""
+    try:
+        from triton.runtime import autotuner
+    except ImportError:
+        return False
+    return getattr(autotuner.Autotuner, "_srope_first", None) is not None
 
 
 def first_config_only() -> None:
