@@ -26,6 +26,13 @@ def run(fn, q, k, phi, temperature, h0, dq, dk, **kwargs):
     return q_rot, k_rot, ht, grads
 
 
+def compare(ref, tri, ratio):
+    for name, r, t in zip(('q', 'k', 'ht'), ref[:3], tri[:3]):
+        assert_close(name, r, t, ratio)
+    for name, r, t in zip(('dq', 'dk', 'dphi', 'dtemperature', 'dh0'), ref[3], tri[3]):
+        assert_close(name, r, t, ratio)
+
+
 @pytest.mark.parametrize(
     ('B', 'T', 'H', 'HK', 'D', 'R', 'dtype'),
     [
@@ -45,11 +52,7 @@ def test_chunk(B, T, H, HK, D, R, dtype):
     dq, dk = torch.randn_like(q), torch.randn_like(k)
     ref = run(naive_selective_rope, q, k, phi, temperature, h0, dq, dk)
     tri = run(chunk_selective_rope, q, k, phi, temperature, h0, dq, dk)
-    ratio = 1e-5 if dtype == torch.float else 5e-3
-    for name, r, t in zip(('q', 'k', 'ht'), ref[:3], tri[:3]):
-        assert_close(name, r, t, ratio)
-    for name, r, t in zip(('dq', 'dk', 'dphi', 'dtemperature', 'dh0'), ref[3], tri[3]):
-        assert_close(name, r, t, ratio)
+    compare(ref, tri, 1e-5 if dtype == torch.float else 5e-3)
 
 
 @pytest.mark.parametrize(
@@ -72,11 +75,7 @@ def test_chunk_varlen(H, HK, D, R, cu_seqlens, dtype):
     dq, dk = torch.randn_like(q), torch.randn_like(k)
     ref = run(naive_selective_rope, q, k, phi, temperature, h0, dq, dk, cu_seqlens=cu_seqlens)
     tri = run(chunk_selective_rope, q, k, phi, temperature, h0, dq, dk, cu_seqlens=cu_seqlens)
-    ratio = 1e-5 if dtype == torch.float else 5e-3
-    for name, r, t in zip(('q', 'k', 'ht'), ref[:3], tri[:3]):
-        assert_close(name, r, t, ratio)
-    for name, r, t in zip(('dq', 'dk', 'dphi', 'dtemperature', 'dh0'), ref[3], tri[3]):
-        assert_close(name, r, t, ratio)
+    compare(ref, tri, 1e-5 if dtype == torch.float else 5e-3)
 
 
 @pytest.mark.parametrize(
