@@ -5,7 +5,8 @@ fla's 0.6.0 sources come from the installed ``fla-core`` and ``flash-linear-atte
 series, and check: it applies cleanly; the committed patches are what make_patches.py writes
 from srope's sources now (so they cannot drift from srope's kernels); the patched
 ``naive_selective_rope`` equals srope's reference op forward and backward in float64; and the
-patched chunk and decoding kernels, interpreted by Triton on the CPU, equal it too.
+patched chunk and decoding kernels, interpreted by Triton on the CPU, equal it too, and the patched
+``SelectiveRotaryEmbedding`` loaded with a srope ``SelectiveRoPE``'s state_dict rotates as it does.
 """
 
 from __future__ import annotations
@@ -162,14 +163,39 @@ for i in range(q.shape[1]):
     q_i, _, state = fused_recurrent_selective_rope(q[:, i:i + 1], k[:, i:i + 1], phi[:, i:i + 1], temp, state)
     steps.append(q_i)
 worst = max(worst, err(torch.cat(steps, 1), ref_q), float((state - ref_ht).abs().max()))
+
+# The module with srope's SelectiveRoPE weights: the same state_dict keys, the same rotation. fla's ShortConvolution
+# needs a GPU driver even under the interpreter; F.conv1d stands in for it.
+import torch.nn.functional as F
+from fla.modules import SelectiveRotaryEmbedding
+from srope.modules import SelectiveRoPE
+
+def torch_conv(conv):
+    def forward(x, cache=None, output_final_state=False, cu_seqlens=None):
+        width = conv.weight.shape[-1]
+        y = F.conv1d(F.pad(x.transpose(1, 2), (width - 1, 0)), conv.weight, groups=x.shape[-1]).transpose(1, 2)
+        return (F.silu(y) if conv.activation else y), None
+    conv.forward = forward
+
+for options in ({}, {"bias": True, "spectrum": "rfa"}, {"projection": "low-rank", "gate": "per-channel"}):
+    ours, theirs = SelectiveRoPE(32, 2, 8, **options), SelectiveRotaryEmbedding(32, 2, 8, **options)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # off the zero bias and unit gains of the initialisation
+    theirs.load_state_dict(ours.state_dict())
+    torch_conv(theirs.conv)
+    x, q, k = torch.randn(2, 21, 32), torch.randn(2, 21, 4, 8), torch.randn(2, 21, 2, 8)
+    with torch.no_grad():
+        worst = max([worst] + [err(a, e) for a, e in zip(theirs(q, k, x)[:2], ours(q, k, x)[:2])])
 print(worst)
 """
 
 
 @pytest.mark.kernels
-def test_patched_chunk_and_decode_kernels_equal_the_naive_reference_under_the_interpreter(patched):
-    """fla's package imports need triton (interpreted here: TRITON_INTERPRET=1, set for the child
-    process, where fla's kernels are decorated)."""
+def test_patched_kernels_and_module_equal_the_references_under_the_interpreter(patched):
+    """The patched chunk and decoding kernels equal the patched naive op, and SelectiveRotaryEmbedding
+    loaded with srope's SelectiveRoPE state_dict equals it. fla's package imports need triton
+    (interpreted here: TRITON_INTERPRET=1, set for the child process, where the kernels are decorated)."""
     pytest.importorskip("triton")
     pytest.importorskip("einops")  # fla-core's one dependency
     # the patched tree first: it holds every file of fla, so an installed fla later on the path is never reached
