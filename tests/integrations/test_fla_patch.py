@@ -187,6 +187,15 @@ for options in ({}, {"bias": True, "spectrum": "rfa"}, {"projection": "low-rank"
     x, q, k = torch.randn(2, 21, 32), torch.randn(2, 21, 4, 8), torch.randn(2, 21, 2, 8)
     with torch.no_grad():
         worst = max([worst] + [err(a, e) for a, e in zip(theirs(q, k, x)[:2], ours(q, k, x)[:2])])
+
+# The layer option builds in both models and survives a config round trip (their forward needs fla's GPU kernels).
+from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, GLAConfig, GLAForCausalLM
+for config_class, model_class, extra in ((GLAConfig, GLAForCausalLM, {}), (GatedDeltaNetConfig, GatedDeltaNetForCausalLM, {"head_dim": 32})):
+    config = config_class(hidden_size=64, num_heads=2, num_hidden_layers=1, vocab_size=64, use_selective_rope=True,
+                          selective_rope={"bias": True}, **extra)
+    config = config_class.from_dict(config.to_dict())
+    assert isinstance(model_class(config).model.layers[0].attn.rotary, SelectiveRotaryEmbedding)
+    assert model_class(config_class(hidden_size=64, num_heads=2, num_hidden_layers=1, vocab_size=64, **extra)).model.layers[0].attn.rotary is None
 print(worst)
 """
 
@@ -194,7 +203,8 @@ print(worst)
 @pytest.mark.kernels
 def test_patched_kernels_and_module_equal_the_references_under_the_interpreter(patched):
     """The patched chunk and decoding kernels equal the patched naive op, and SelectiveRotaryEmbedding
-    loaded with srope's SelectiveRoPE state_dict equals it. fla's package imports need triton
+    loaded with srope's SelectiveRoPE state_dict equals it; GLA and GDN models build with use_selective_rope.
+    fla's package imports need triton
     (interpreted here: TRITON_INTERPRET=1, set for the child process, where the kernels are decorated)."""
     pytest.importorskip("triton")
     pytest.importorskip("einops")  # fla-core's one dependency
