@@ -1,0 +1,210 @@
+# @header
+
+"""Selective RoPE as a module: the angle generator (from the hidden states x) and the rotation.
+
+Per token and rotation pair the phase increment is
+
+    phi_t = gate_t * (act(conv(W x_hat))_t + exp(b)),    x_hat = x l2-normalised per head chunk,
+
+and q_t, k_t are rotated by ``temperature * sum_{s <= t} phi_s`` (`fla.ops.selective_rope`). Unlike `RotaryEmbedding`,
+the angles depend on the input, so the module takes the layer's hidden states x besides q and k, and it carries a state
+across calls: the short convolution's window and the phase so far.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+
+from fla.modules.causal_conv1d import ShortConvolution
+from fla.ops.selective_rope import chunk_selective_rope, fused_recurrent_selective_rope
+
+PROJECTIONS = ('full-rank', 'low-rank')
+GATES = (None, 'standard', 'low-rank', 'per-channel')
+
+# @srope srope.modules.spectra SPECTRA temperature_spectrum
+
+
+class SelectiveRotaryEmbedding(nn.Module):
+    r"""
+    Selective RoPE (Movahedi et al., ICLR 2026): an input-dependent rotary embedding.
+
+    Args:
+        hidden_size (int):
+            size of the hidden states x the angles come from.
+        num_heads (int):
+            number of key heads HK (query heads share them in groups).
+        head_dim (int):
+            q/k head size D.
+        rotary_dim (Optional[int]):
+            channels rotated, even, `<= head_dim`. Default: `head_dim`.
+        projection (str):
+            `'full-rank'` (per head, `hidden_size / HK -> R`) or `'low-rank'` (`hidden_size -> rank -> HK * R`).
+            Default: `'full-rank'`.
+        projection_rank (int):
+            rank of the low-rank projection. Default: 16.
+        weight_norm (bool):
+            full-rank only: unit-norm weight per output times a learned per-head gain. Default: `True`.
+        conv_size (int):
+            width of the causal depthwise convolution over the increments. Default: 4.
+        conv_activation (Optional[str]):
+            `'silu'` or `None`. Default: `'silu'`.
+        gate (Optional[str]):
+            phase gate `sigmoid(...)` of x_hat: `'standard'` (`hidden_size -> HK`), `'low-rank'`, `'per-channel'` or
+            `None`. Default: `'standard'`.
+        gate_rank (int):
+            rank of the low-rank and per-channel gates. Default: 16.
+        bias (bool):
+            add a learned positive `exp(b)` per head and pair. Default: `False`.
+        spectrum (str):
+            temperatures: `'rope'`, `'rfa'` or `'uniform'`. Default: `'rope'`.
+        theta (float):
+            base of the rope spectrum. Default: 500000.
+        epsilon (float):
+            epsilon of the rfa spectrum. Default: 1e-4.
+        max_temperature (float):
+            the largest temperature. Default: 1.0.
+        norm_eps (float):
+            epsilon of the l2 normalisation. Default: 1e-6.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        head_dim: int,
+        rotary_dim: int | None = None,
+        projection: str = 'full-rank',
+        projection_rank: int = 16,
+        weight_norm: bool = True,
+        conv_size: int = 4,
+        conv_activation: str | None = 'silu',
+        gate: str | None = 'standard',
+        gate_rank: int = 16,
+        bias: bool = False,
+        spectrum: str = 'rope',
+        theta: float = 500000.0,
+        epsilon: float = 1e-4,
+        max_temperature: float = 1.0,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if num_heads < 1 or hidden_size % num_heads:
+            raise ValueError(f"hidden_size ({hidden_size}) must be a positive multiple of num_heads ({num_heads})")
+        if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim must be even with 2 <= rotary_dim <= head_dim={head_dim}, got {rotary_dim}")
+        if projection not in PROJECTIONS:
+            raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}")
+        if gate not in GATES:
+            raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+        if conv_activation not in (None, 'silu'):
+            raise ValueError(f"conv_activation must be 'silu' or None, got {conv_activation!r}")
+        self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
+        self.pairs = rotary_dim // 2
+        self.projection, self.gate_type, self.norm_eps = projection, gate, norm_eps
+        self.weight_norm = weight_norm and projection == 'full-rank'
+        # recomputed from these in float64 on every call: a bf16 cast of the model never quantises the spectrum
+        self.spectrum_args = dict(kind=spectrum, pairs=self.pairs, theta=theta, epsilon=epsilon, max_value=max_temperature)
+        temperature_spectrum(**self.spectrum_args)  # validates
+
+        channels = num_heads * self.pairs
+        if projection == 'full-rank':
+            self.proj_weight = nn.Parameter(torch.empty(num_heads, hidden_size // num_heads, self.pairs))
+            self.proj_gain = nn.Parameter(torch.ones(num_heads)) if self.weight_norm else None
+        else:
+            self.proj = nn.Sequential(nn.Linear(hidden_size, projection_rank, bias=False),
+                                      nn.Linear(projection_rank, channels, bias=False))
+        self.conv = ShortConvolution(hidden_size=channels, kernel_size=conv_size, bias=False, activation=conv_activation)
+        if gate == 'standard':
+            self.gate = nn.Linear(hidden_size, num_heads)
+        elif gate is not None:
+            out = channels if gate == 'per-channel' else num_heads
+            self.gate = nn.Sequential(nn.Linear(hidden_size, gate_rank, bias=False), nn.Linear(gate_rank, out))
+        else:
+            self.gate = None
+        self.bias = nn.Parameter(torch.zeros(num_heads, self.pairs)) if bias else None
+        for param in (self.bias, getattr(self, 'proj_gain', None)):
+            if param is not None:
+                param._no_weight_decay = True
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        if self.projection == 'full-rank':
+            for head in range(self.num_heads):
+                nn.init.kaiming_uniform_(self.proj_weight[head].T, a=math.sqrt(5))
+            if self.proj_gain is not None:
+                nn.init.ones_(self.proj_gain)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, pairs={self.pairs}, "
+                f"projection={self.projection}, gate={self.gate_type}, bias={self.bias is not None}, {self.spectrum_args}")
+
+    def temperature(self, device, dtype=torch.float32) -> torch.Tensor:
+        return temperature_spectrum(**self.spectrum_args).to(device=device, dtype=dtype)
+
+    def increments(self, x, conv_state=None, output_final_state=False, cu_seqlens=None):
+        """phi `[B, T, HK, R]` in float32 (autocast off: the increments are summed over the whole sequence) and the
+        convolution's new window."""
+        with torch.autocast(x.device.type, enabled=False):
+            chunks = x.float().unflatten(-1, (self.num_heads, -1))
+            x_hat = chunks * torch.rsqrt(chunks.square().sum(-1, keepdim=True) + self.norm_eps)
+            if self.projection == 'full-rank':
+                weight = self.proj_weight.float()
+                if self.weight_norm:
+                    weight = self.proj_gain.float()[:, None, None] * weight / weight.norm(dim=1, keepdim=True)
+                u = torch.einsum('...hi,hir->...hr', x_hat, weight).flatten(-2)
+            else:
+                u = _linear(self.proj, x_hat.flatten(-2))
+            phi, conv_state = self.conv(x=u, cache=conv_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+            phi = phi.float().unflatten(-1, (self.num_heads, self.pairs))
+            if self.bias is not None:
+                phi = phi + torch.exp(self.bias.float())
+            if self.gate is not None:
+                gate = torch.sigmoid(_linear(self.gate, x_hat.flatten(-2)))
+                per_channel = self.gate_type == 'per-channel'
+                phi = phi * (gate.unflatten(-1, (self.num_heads, self.pairs)) if per_channel else gate[..., None])
+        return phi, conv_state
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        x: torch.Tensor,
+        cu_seqlens: torch.LongTensor | None = None,
+        initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
+        output_final_state: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        r"""
+        Args:
+            q (torch.Tensor): `[B, T, H, D]`; k (torch.Tensor): `[B, T, HK, D]`.
+            x (torch.Tensor): the hidden states `[B, T, hidden_size]` the angles come from (unpadded with `cu_seqlens`).
+            cu_seqlens (torch.LongTensor): `[N+1]` packed sequence boundaries (B == 1). Default: `None`.
+            initial_state (tuple): `(conv_state [N, HK * R, conv_size], phase [N, HK, R] float64)` from a previous call.
+            output_final_state (bool): return the new state. Default: `False`.
+
+        Returns:
+            q, k rotated and the new state (or `None`).
+        """
+        if x.shape[:2] != q.shape[:2] or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"x must be [B, T, {self.hidden_size}] with q's B, T; got x {tuple(x.shape)}, q {tuple(q.shape)}")
+        if k.shape[2] != self.num_heads or k.shape[3] != self.head_dim:
+            raise ValueError(f"k must be [B, T, {self.num_heads}, {self.head_dim}], got {tuple(k.shape)}")
+        conv_state, phase = (None, None) if initial_state is None else initial_state
+        phi, conv_state = self.increments(x, conv_state, output_final_state, cu_seqlens)
+        temperature = self.temperature(q.device, torch.float64 if q.dtype == torch.float64 else torch.float32)
+        if phase is not None and not torch.is_grad_enabled():
+            q, k, phase = fused_recurrent_selective_rope(q, k, phi, temperature, phase, output_final_state, cu_seqlens)
+        else:
+            q, k, phase = chunk_selective_rope(q, k, phi, temperature, phase, output_final_state, cu_seqlens)
+        return q, k, (conv_state, phase) if output_final_state else None
+
+
+def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A `Linear` or a `Sequential` of them in x's dtype, whatever the parameters' dtype (bf16 models keep float32 phases)."""
+    for layer in module if isinstance(module, nn.Sequential) else (module,):
+        x = nn.functional.linear(x, layer.weight.to(x.dtype), None if layer.bias is None else layer.bias.to(x.dtype))
+    return x

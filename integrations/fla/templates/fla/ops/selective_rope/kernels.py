@@ -1,0 +1,2 @@
+# @header
+# @srope-module srope.ops.rotary.kernels
