@@ -214,3 +214,44 @@ def test_patched_kernels_and_module_equal_the_references_under_the_interpreter(p
     result = subprocess.run([sys.executable, "-c", KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert float(result.stdout.split()[-1]) < 1e-5, result.stdout
+
+
+MAPPING_CHECK = """
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from srope.models.convert_fla import srope_key
+
+spec = importlib.util.spec_from_file_location("check_gpu", sys.argv[1])
+check_gpu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(check_gpu)
+for options in (check_gpu.PAPER, check_gpu.OTHERS):
+    with tempfile.TemporaryDirectory() as folder:
+        fla_model, srope_model = check_gpu.fla_and_srope(options, Path(folder))
+        theirs, ours = fla_model.state_dict(), srope_model.state_dict()
+        names = {key: srope_key(key) for key in theirs}
+        assert None not in names.values(), [key for key, name in names.items() if name is None]
+        assert sorted(names.values()) == sorted(ours), set(names.values()) ^ set(ours)  # one to one
+        assert all(torch.equal(ours[names[key]], tensor) for key, tensor in theirs.items())
+        assert any(".attn.rotary." in key for key in theirs) and srope_model.config.position == {"type": "selective_rope", **options}
+print("mapped")
+"""
+
+
+def test_check_gpu_maps_every_tensor_of_the_patched_fla_model_once(patched):
+    """What integrations/fla/check_gpu.py's logits check compares, built on the CPU: the patched fla's GLAForCausalLM
+    with use_selective_rope, saved and converted by srope.models.convert_fla; every fla tensor lands in exactly one
+    srope tensor, with its value, and every srope tensor comes from one (the rotary's names carry over as they are).
+    fla's models build on the CPU with Triton installed (their forward needs a GPU)."""
+    pytest.importorskip("triton")
+    pytest.importorskip("einops")
+    path = os.pathsep.join(p for p in (str(patched), os.environ.get("PYTHONPATH", "")) if p)
+    script = ROOT / "integrations" / "fla" / "check_gpu.py"
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"} | {"PYTHONPATH": path}
+    result = subprocess.run([sys.executable, "-c", MAPPING_CHECK, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == "mapped"

@@ -64,8 +64,31 @@ def fla_shapes(c: dict) -> dict[str, tuple[int, ...]]:
         if c["use_short_conv"]:
             widths = {"q": key_dim, "k": key_dim // groups, "v": value_dim // groups}
             layer |= {f"attn.{name}_conv1d.weight": (width, 1, c["conv_size"]) for name, width in widths.items()}
+        if c.get("use_selective_rope"):
+            layer |= rotary_shapes(c)
         shapes |= {f"model.layers.{i}.{name}": shape for name, shape in layer.items()}
     return shapes
+
+
+def rotary_shapes(c: dict) -> dict[str, tuple[int, ...]]:
+    """The tensors of the patched fla's SelectiveRotaryEmbedding in a GLA layer (integrations/fla, patch 0002)."""
+    o = dict(projection="full-rank", projection_rank=16, weight_norm=True, conv_size=4, gate="standard", gate_rank=16, bias=False)
+    o |= c.get("selective_rope") or {}
+    hidden, heads = c["hidden_size"], c["num_heads"]
+    pairs = (o.get("rotary_dim") or round(hidden * c["expand_k"]) // heads) // 2
+    shapes = {"conv.weight": (heads * pairs, 1, o["conv_size"])}
+    if o["projection"] == "full-rank":
+        shapes |= {"proj_weight": (heads, hidden // heads, pairs)} | ({"proj_gain": (heads,)} if o["weight_norm"] else {})
+    else:
+        shapes |= {"proj.0.weight": (o["projection_rank"], hidden), "proj.1.weight": (heads * pairs, o["projection_rank"])}
+    if o["gate"] == "standard":
+        shapes |= {"gate.weight": (heads, hidden), "gate.bias": (heads,)}
+    elif o["gate"] is not None:
+        out = heads * pairs if o["gate"] == "per-channel" else heads
+        shapes |= {"gate.0.weight": (o["gate_rank"], hidden), "gate.1.weight": (out, o["gate_rank"]), "gate.1.bias": (out,)}
+    if o["bias"]:
+        shapes["bias"] = (heads, pairs)
+    return {f"attn.rotary.{name}": shape for name, shape in shapes.items()}
 
 
 def write_fla(folder, config: dict, seed: int = 0, shards: int = 1, extra: dict | None = None) -> dict[str, torch.Tensor]:
@@ -166,7 +189,35 @@ def test_a_new_encoding_is_added_around_the_fla_weights(position, tmp_path):
     assert torch.isfinite(model(ids, labels=ids).loss)
 
 
-def _refusal(tmp_path, match, fields=None, extra=None, drop=(), change=None):
+SELECTIVE = {
+    "paper": dict(projection="full-rank", gate="standard", bias=False, spectrum="rope", theta=500000.0, max_temperature=1.0),
+    "others": dict(projection="low-rank", gate="per-channel", bias=True, spectrum="rfa", rotary_dim=8, weight_norm=False),
+    "no-gate": dict(gate=None, weight_norm=False, conv_size=3),
+}
+
+
+@pytest.mark.parametrize("name", SELECTIVE)
+def test_an_fla_selective_rope_is_kept_with_its_weights(name, tmp_path):
+    """fla patched by integrations/fla: use_selective_rope's module maps onto srope's SelectiveRoPE
+    (attn.rotary.X -> mixer.position.X), its options onto srope's of the same names; nothing is new."""
+    config = fla_config(**CONFIGS["plain"], use_selective_rope=True, selective_rope=SELECTIVE[name])
+    state = write_fla(tmp_path / "fla", config)
+    assert any(".attn.rotary." in key for key in state)
+    model = load_fla(tmp_path / "fla", seed=3)
+    assert model.config.position == {"type": "selective_rope", **SELECTIVE[name]}
+    converted = model.state_dict()
+    assert sorted(srope_key(key) for key in state) == sorted(converted)  # one to one
+    assert all(torch.equal(converted[srope_key(key)], tensor) for key, tensor in state.items())
+    ids = torch.randint(0, VOCAB, (1, 7), generator=generator(2))
+    assert torch.isfinite(model(ids, labels=ids).loss)
+
+
+def test_a_patched_fla_config_with_the_option_off_is_nope(tmp_path):
+    write_fla(tmp_path / "fla", fla_config(**CONFIGS["plain"], use_selective_rope=False, selective_rope=None))
+    assert load_fla(tmp_path / "fla").config.position["type"] == "nope"
+
+
+def _refusal(tmp_path, match, fields=None, extra=None, drop=(), change=None, position="nope"):
     write_fla(tmp_path / "fla", fla_config(**CONFIGS["plain"]) | (fields or {}), extra=extra)
     if drop or change:
         from safetensors.torch import load_file
@@ -174,7 +225,7 @@ def _refusal(tmp_path, match, fields=None, extra=None, drop=(), change=None):
         state = {k: v for k, v in load_file(tmp_path / "fla" / "model.safetensors").items() if k not in drop} | (change or {})
         save_file(state, tmp_path / "fla" / "model.safetensors")
     with pytest.raises(ValueError, match=match):
-        load_fla(tmp_path / "fla")
+        load_fla(tmp_path / "fla", position=position)
 
 
 @pytest.mark.parametrize(
@@ -188,8 +239,12 @@ def _refusal(tmp_path, match, fields=None, extra=None, drop=(), change=None):
         (r"cannot represent: clamp_min=-1", dict(fields={"clamp_min": -1})),
         (r"does not know: \['window'\]", dict(fields={"window": 8})),
         (r"model_type is 'mamba'", dict(fields={"model_type": "mamba"})),
+        (r"own Selective RoPE .* not 'rope'", dict(fields={"use_selective_rope": True}, position="rope")),
+        (r"num_kv_heads != num_heads", dict(fields={"use_selective_rope": True, "num_kv_heads": 1})),
+        (r"lacks .*model\.layers\.0\.mixer\.position\.gate\.bias", dict(fields={"use_selective_rope": True}, drop=("model.layers.0.attn.rotary.gate.bias",))),
     ],
-    ids=["extra-tensor", "missing-tensor", "wrong-shape", "feature-map", "hybrid-attention", "clamp-min", "unknown-field", "not-gla"],
+    ids=["extra-tensor", "missing-tensor", "wrong-shape", "feature-map", "hybrid-attention", "clamp-min", "unknown-field", "not-gla",
+         "selective-rope-and-another", "selective-rope-gqa", "selective-rope-missing-tensor"],
 )
 def test_refusals_name_what_does_not_fit(match, kwargs, tmp_path):
     _refusal(tmp_path, match, **kwargs)

@@ -6,7 +6,10 @@ initialised, to be fine-tuned). The names and shapes below follow fla 0.6.0's
 ``fla/models/gla/modeling_gla.py`` (``GLABlock``: ``attn_norm``, ``attn``, ``mlp_norm``,
 ``mlp``), ``fla/layers/gla.py`` (``q/k/v/g/o_proj``, ``gk_proj`` = two linear maps, the
 second with a bias, ``{q,k,v}_conv1d`` depthwise convs, ``g_norm_swish_gate`` when the norm
-and the swish gate are fused, else ``g_norm``) and ``configuration_gla.py``.
+and the swish gate are fused, else ``g_norm``) and ``configuration_gla.py``. A model of fla
+patched with srope's series (``integrations/fla``, ``use_selective_rope``) keeps its Selective
+RoPE: ``SelectiveRotaryEmbedding``'s parameters carry the names of srope's ``SelectiveRoPE``
+(``attn.rotary.X`` -> ``mixer.position.X``) and its options are srope's of the same names.
 
 Every fla tensor must find its srope place with its shape, and every srope tensor must come
 from the checkpoint except a new encoding's: otherwise the conversion stops and lists them.
@@ -36,6 +39,8 @@ _LAYER_KEYS = {
     "mlp_norm.weight": "mlp_norm.weight",
     **{f"mlp.{name}.weight": f"mlp.{name}.weight" for name in ("gate_proj", "up_proj", "down_proj")},
 }
+# fla key prefix (per layer) -> srope's: the rest of the name is the same on both sides
+_LAYER_PREFIXES = {"attn.rotary.": "mixer.position."}
 _MODEL_KEYS = {"model.embeddings.weight": "model.embeddings.weight", "model.norm.weight": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
@@ -44,7 +49,7 @@ _COPIED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "num_k
            "conv_size", "use_output_gate", "norm_eps", "initializer_range", "max_position_embeddings", "tie_word_embeddings",
            "use_cache", "pad_token_id", "bos_token_id", "eos_token_id")  # fmt: skip
 # read below: the MLP width (fla_mlp_size) and whether the output norm has a weight
-_READ = ("hidden_ratio", "intermediate_size", "elementwise_affine")
+_READ = ("hidden_ratio", "intermediate_size", "elementwise_affine", "use_selective_rope", "selective_rope")
 # fields that choose kernels or that fla 0.6.0's GLA layers never read: the same model either way
 _IGNORED = ("attn_mode", "fuse_norm", "fuse_swiglu", "fuse_cross_entropy", "fuse_linear_cross_entropy", "use_gk", "use_gv")
 # fields srope represents only at these values (attn: fla's hybrid softmax-attention layers; use_l2warp: a loss term)
@@ -71,8 +76,20 @@ def srope_config(fla: dict, position: Any = "nope") -> SRopeConfig:
         raise ValueError(f"fla config field(s) srope cannot represent: {', '.join(refused)}")
     copied = {key: fla[key] for key in _COPIED if key in fla}
     # fla's GLA layer defaults, not in its config
-    return SRopeConfig(mixer="gla", position=position, gate_logit_normalizer=16.0, gate_low_rank_dim=16, tie_decay_pairs=False,
+    return SRopeConfig(mixer="gla", position=_position(fla, position), gate_logit_normalizer=16.0, gate_low_rank_dim=16, tie_decay_pairs=False,
                        intermediate_size=fla_mlp_size(fla), **copied)  # fmt: skip
+
+
+def _position(fla: dict, position: Any) -> Any:
+    """``position``, or for the patched fla's ``use_selective_rope`` srope's Selective RoPE with fla's options."""
+    if not fla.get("use_selective_rope"):
+        return position
+    if position != "nope":
+        raise ValueError(f"the fla model has its own Selective RoPE (use_selective_rope): it is kept; leave the position at its default, not {position!r}")
+    if fla.get("num_kv_heads") not in (None, fla.get("num_heads", 4)):
+        # fla's layer rotates the key heads after repeating them to num_heads; srope's rotates the num_kv_heads heads
+        raise ValueError("fla config use_selective_rope with num_kv_heads != num_heads: srope cannot represent it")
+    return {"type": "selective_rope", **(fla.get("selective_rope") or {})}
 
 
 def srope_key(fla_key: str) -> str | None:
@@ -80,14 +97,21 @@ def srope_key(fla_key: str) -> str | None:
     if fla_key in _MODEL_KEYS:
         return _MODEL_KEYS[fla_key]
     match = _LAYER.fullmatch(fla_key)
-    if match and match.group(2) in _LAYER_KEYS:
-        return f"model.layers.{match.group(1)}.{_LAYER_KEYS[match.group(2)]}"
+    if not match:
+        return None
+    layer, name = match.groups()
+    if name in _LAYER_KEYS:
+        return f"model.layers.{layer}.{_LAYER_KEYS[name]}"
+    for prefix, ours in _LAYER_PREFIXES.items():
+        if name.startswith(prefix):
+            return f"model.layers.{layer}.{ours}{name[len(prefix):]}"
     return None
 
 
 def convert_state_dict(fla_state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """fla's tensors under srope's names, checked against ``model`` (an srope GLA model):
-    every fla tensor mapped with its shape, every srope tensor given except a new encoding's."""
+    every fla tensor mapped with its shape, every srope tensor given except a new encoding's
+    (an fla Selective RoPE's are given)."""
     unmapped = sorted(key for key in fla_state if srope_key(key) is None)
     if unmapped:
         raise ValueError(f"{len(unmapped)} fla tensor(s) have no place in srope's GLA model: {unmapped}")
@@ -101,7 +125,8 @@ def convert_state_dict(fla_state: dict[str, torch.Tensor], model: torch.nn.Modul
     if bad:
         raise ValueError(f"fla tensor(s) that do not fit srope's model of this config: {bad}")
     tied = getattr(model.config, "tie_word_embeddings", False)
-    missing = sorted(k for k in expected if k not in converted and ".position." not in k and not (tied and k == "lm_head.weight"))
+    new_encoding = not any(".position." in name for name in converted)
+    missing = sorted(k for k in expected if k not in converted and not (new_encoding and ".position." in k) and not (tied and k == "lm_head.weight"))
     if missing:
         raise ValueError(f"the fla checkpoint lacks tensor(s) srope's model needs: {missing}")
     return converted
