@@ -241,8 +241,6 @@ CUDA = DemoConfig(
     eval_size=4000,
     eval_batch_size=500,
     bf16_autocast=True,
-    cuda_graph="auto",
-    autotune="first",
     note="the authors' state-tracking GLA (hidden 384, 12 heads, expand_k 1, short conv)",
 )
 
