@@ -456,33 +456,54 @@ def test_rope_state_checked():
         module(q, q, state=RoPEState(torch.full((2,), 2.5)))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the projection kernel's cast)")])])
 @pytest.mark.parametrize("kind,options", CONFIGS, ids=IDS)
-def test_the_hosts_cast_is_shared(kind, options):
-    """Under autocast the host casts x once (:func:`host_input`, bitwise autocast's cast) and
-    hands the copy to its encoding as ``x_cast``; Selective RoPE's generator then keeps that
-    copy for its backward instead of x. The rotated q and k are bitwise those without it, and
-    x's gradient through both the host's map and the rotation equal up to one rounding: the
-    normalisation's -r²(dy·y)·x term then reads x rounded to bf16, as its products do."""
-    from srope.layers.common import host_input
+def test_the_hosts_cast_is_shared(kind, options, device):
+    """Under autocast the host's maps read ``position.host_input(x)``: x cast once (bitwise
+    autocast's cast), handed back to the encoding as ``x_cast``. Selective RoPE writes that copy
+    in its projection's pass over x, keeps the projection for the forward that follows, and its
+    backward adds the maps' gradient into dx. The rotated q and k are bitwise those of the plain
+    cast without sharing, and x's gradient through both the host's map and the rotation equal up
+    to one rounding: the normalisation's -r²(dy·y)·x term then reads x rounded to bf16, as its
+    products do."""
+    from srope.modules import PositionEncoding
 
-    module = make_module(kind, options, dtype=torch.float32)
-    q, k, x = make_inputs(2, 7, seed=8, dtype=torch.float32)
+    module = make_module(kind, options, dtype=torch.float32).to(device)
+    q, k, x = (t.to(device) for t in make_inputs(2, 37, seed=8, dtype=torch.float32))
     x.requires_grad_()
-    host_weight = randn(5, HIDDEN, seed_gen=generator(9), dtype=torch.float32)
-    assert host_input(x).dtype == x.dtype and torch.equal(host_input(x), x)
+    host_weight = randn(5, HIDDEN, seed_gen=generator(9), dtype=torch.float32).to(device)
+    assert module.host_input(x).dtype == x.dtype and torch.equal(module.host_input(x), x)
 
     def run(shared: bool):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            x_in = host_input(x)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            x_in = module.host_input(x) if shared else PositionEncoding.host_input(module, x)
+            fused = getattr(module, "_pending", None) is not None
             host = torch.nn.functional.linear(x_in, host_weight)
             out_q, out_k, _ = module(q, k, x, x_cast=x_in if shared else None)
+            assert getattr(module, "_pending", None) is None  # the forward took it
         loss = host.float().square().sum() + (out_q.float() * q).sum() + (out_k.float() * k).sum()
-        return x_in, out_q, out_k, torch.autograd.grad(loss, x)[0]
+        return x_in, out_q, out_k, torch.autograd.grad(loss, x)[0], fused
 
     shared, base = run(True), run(False)
+    assert shared[4] == (kind == "selective_rope") and not base[4]
     assert shared[0].dtype == torch.bfloat16 and torch.equal(shared[0], x.detach().bfloat16())
     assert torch.equal(shared[1], base[1]) and torch.equal(shared[2], base[2])
     assert rel_err(shared[3], base[3]) < 1e-3
+
+
+def test_a_pending_projection_serves_only_its_own_x():
+    """host_input's projection is for the forward with the same x: a forward with another x
+    (or one without host_input before it) projects its own."""
+    module = make_module("selective_rope", {}, dtype=torch.float32)
+    q, k, x = make_inputs(2, 7, seed=8, dtype=torch.float32)
+    other = x + 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = module(q, k, other)[:2]
+        module.host_input(x)
+        got = module(q, k, other)[:2]
+    assert module._pending is None
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
 @pytest.mark.parametrize("kind", ["nope", "rope", "selective_rope"])

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srope.layers.common import LayerState, MixerLayer, host_input
+from srope.layers.common import LayerState, MixerLayer
 from srope.ops.checks import compute_dtype
 from srope.ops.mixers import forgetting_attention, softmax_attention
 
@@ -70,7 +70,7 @@ class Attention(MixerLayer):
         if use_cache and cu_seqlens is not None:
             raise ValueError("a KV cache of packed sequences (cu_seqlens) is not supported; pad the batch and pass attention_mask")
         batch, length, _ = x.shape
-        x_in = host_input(x)
+        x_in = self.position.host_input(x)
         q = self.q_proj(x_in).unflatten(-1, (self.num_heads, self.head_dim))
         k = self.k_proj(x_in).unflatten(-1, (self.num_kv_heads, self.head_dim))
         v = self.v_proj(x_in).unflatten(-1, (self.num_kv_heads, self.head_dim))

@@ -51,18 +51,6 @@ class LayerState:
         return found[0] if found else None
 
 
-def host_input(x: torch.Tensor) -> torch.Tensor:
-    """What a host layer's own linear maps read: under autocast a float32 x cast once to
-    autocast's dtype, shared by every map (autocast alone casts an x that is not a leaf once
-    per map, forward and backward); else a view of x. Either way the maps' gradients add up
-    there first and reach x as one, beside the position encoding's: x's gradient does not
-    depend on where in the layer the encoding runs."""
-    device = x.device.type
-    if x.dtype == torch.float32 and torch.is_autocast_enabled(device):
-        return x.to(torch.get_autocast_dtype(device))
-    return x.view_as(x)
-
-
 def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     """Repeat ``[B, T, Hk, ...]`` to ``heads`` heads in contiguous groups (GQA)."""
     return x if x.shape[2] == heads else x.repeat_interleave(heads // x.shape[2], dim=2)
@@ -154,7 +142,7 @@ class MixerLayer(nn.Module):
 
     def encode_positions(self, q, k, x, x_in, *, attention_mask, cu_seqlens, state, use_cache, layout=None):
         """q and k through the layer's position encoding, the one call every encoding takes;
-        ``x`` is the block input, ``x_in`` what the layer's own maps read (:func:`host_input`).
+        ``x`` is the block input, ``x_in`` what the layer's own maps read (``self.position.host_input(x)``).
         Returns the rotated q and k and the encoding's new state."""
         return self.position(
             q, k, x, attention_mask=attention_mask, cu_seqlens=cu_seqlens, state=None if state is None else state.position,

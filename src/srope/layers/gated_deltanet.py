@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions, host_input
+from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions
 from srope.ops.checks import compute_dtype
 from srope.ops.layout import RowLayout
 from srope.ops.mixers import gated_delta_rule
@@ -89,7 +89,7 @@ class GatedDeltaNet(MixerLayer):
     def forward(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None):
         self.check_input(x, attention_mask, cu_seqlens, state)
         layout = RowLayout.of(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device, given=layout)
-        x_in = host_input(x)
+        x_in = self.position.host_input(x)
         q, k, v, conv_state = self.project_qkv(
             x_in, layout, state, (self.num_heads,) * 3, (self.head_k_dim, self.head_k_dim, self.head_v_dim), activation=F.silu,
             want_state=use_cache,

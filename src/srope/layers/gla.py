@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions, expand_heads, host_input
+from srope.layers.common import GatedRMSNorm, LayerState, MixerLayer, QKVConvolutions, expand_heads
 from srope.ops.checks import compute_dtype, is_finite_number
 from srope.ops.layout import RowLayout
 from srope.ops.mixers import gla
@@ -101,7 +101,7 @@ class GatedLinearAttention(MixerLayer):
     def forward(self, x, *, attention_mask=None, cu_seqlens=None, state=None, use_cache=False, layout=None):
         self.check_input(x, attention_mask, cu_seqlens, state)
         layout = RowLayout.of(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device, given=layout)
-        x_in = host_input(x)
+        x_in = self.position.host_input(x)
         q, k, v, conv_state = self.project_qkv(
             x_in, layout, state, (self.num_heads, self.num_kv_heads, self.num_kv_heads), (self.head_k_dim, self.head_k_dim, self.head_v_dim),
             want_state=use_cache,

@@ -34,8 +34,12 @@ class PositionEncoding(nn.Module):
     - ``layout``: the batch's :class:`~srope.ops.layout.RowLayout` when the caller built it
       once for several layers.
     - ``x_cast``: the host's own copy of x in autocast's dtype, when it made one for its maps
-      (:func:`srope.layers.common.host_input`). An encoding whose backward needs x may keep
-      that copy instead of x (Selective RoPE's generator does: one copy of x held, not two).
+      (:meth:`host_input`). An encoding whose backward needs x may keep that copy instead of x
+      (Selective RoPE's generator does: one copy of x held, not two).
+
+    ``host_input(x)``, called by the host before its own maps, is what those maps read: x, or
+    under autocast x cast once; an encoding may make that copy itself (Selective RoPE writes it
+    in the same pass that projects x for its angles).
     """
 
     needs_input = False  # whether the angles depend on x's values (else x may be None)
@@ -45,6 +49,16 @@ class PositionEncoding(nn.Module):
         if state is not None:
             raise TypeError(f"{type(self).__name__} carries no state (it returns None), got {type(state).__name__}")
         return q, k, None
+
+    def host_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the host layer's own linear maps read: under autocast a float32 x cast once to
+        autocast's dtype, shared by every map (autocast alone casts an x that is not a leaf once
+        per map, forward and backward); else a view of x. Either way the maps' gradients add up
+        there first and reach x as one, beside the encoding's."""
+        device = x.device.type
+        if x.dtype == torch.float32 and torch.is_autocast_enabled(device):
+            return x.to(torch.get_autocast_dtype(device))
+        return x.view_as(x)
 
     def check_call(self, q, k, x, attention_mask: torch.Tensor | None, cu_seqlens: torch.Tensor | None, x_cast=None) -> int:
         """Validate the arguments of a call; return N, the number of sequences."""

@@ -135,6 +135,8 @@ class SelectiveRoPE(PositionEncoding):
         self.pairs = rotary_dim // 2
         self.projection, self.gate_type, self.norm_eps = projection, gate, norm_eps
         self.phase_noise = float(phase_noise)
+        # host_input's projection of x, until forward reads it: (x, parts), else None
+        self._pending: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
         self.projection_gain = float(projection_gain)
         self.spectrum_kind = spectrum
         self.spectrum_args = dict(theta=theta, epsilon=epsilon, max_value=max_temperature)
@@ -276,21 +278,26 @@ class SelectiveRoPE(PositionEncoding):
         the projection then writes the conv's input and the gate's shares as two tensors."""
         return self.projection == "full-rank" and self.gate_type == "standard" and t.dtype == torch.float32 and backend.kernels(t)
 
-    def project(self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, x_low: torch.Tensor | None = None):
+    def project(self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, x_low: torch.Tensor | None = None, cast: bool = False):
         """Every first layer acting on x̂ (x ℓ2-normalised per head chunk), in one
         :func:`normalized_head_projection` (x̂ is never built), as per-head parts
         ``[B, T, Hk, ·]`` in max(float32, x.dtype): the ω map's, then (with a gate) the gate's
         first layer's (:meth:`_first_layer_sizes`). ``grad_dtype`` is the dtype of its backward
         products (float32 inputs only). ``x_low``: x rounded to ``grad_dtype`` (the host's copy,
-        :meth:`shared_projection`), which the backward keeps instead of x."""
+        :meth:`shared_projection`), which the backward keeps instead of x. ``cast``: also x
+        rounded to ``grad_dtype`` (float32 x), written in the same pass over x, returned last
+        (:meth:`host_input`)."""
         dtype = compute_dtype(x.dtype)
         weight, sizes = self._first_layers(dtype)
         chunks = x.unflatten(-1, (self.num_heads, -1)).to(dtype)
         grad_dtype = grad_dtype if dtype == torch.float32 else None
         fused = self._fuses_gate(chunks)
         x_low = None if x_low is None else x_low.unflatten(-1, (self.num_heads, -1))
-        y = normalized_head_projection(chunks, weight, self.norm_eps, grad_dtype, split=sizes[0] if fused else None, x_low=x_low)
-        return tuple(y) if fused else y.split(sizes, dim=-1)
+        y = normalized_head_projection(chunks, weight, self.norm_eps, grad_dtype, cast=grad_dtype if cast else None,
+                                       split=sizes[0] if fused else None, x_low=x_low)
+        y, x_cast = y if cast else (y, None)
+        parts = tuple(y) if fused else y.split(sizes, dim=-1)
+        return parts if not cast else (*parts, x_cast.flatten(-2))
 
     def generator_inputs(
         self, x: torch.Tensor, grad_dtype: torch.dtype | None = None, projected: tuple[torch.Tensor, ...] | None = None
@@ -413,10 +420,33 @@ class SelectiveRoPE(PositionEncoding):
         q, k, phase = selective_rope(q, k, phi, temperature, offset=offset, cu_seqlens=cu_seqlens, output_final_phase=use_cache)
         return q, k, SelectiveRoPEState(conv_state, phase) if use_cache else None
 
+    def host_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The host's copy of x under autocast with gradients, written by the generator's
+        projection in its one pass over x (its backward adds the host maps' gradient into dx
+        in the same kernel): a separate cast's bytes, forward and backward, are 3-4% of a
+        GLA layer step at gla-370m's size (docs/kernels.md). The projection is kept for this
+        call's :meth:`forward` with the same x. Elsewhere (no autocast, no gradients, adapted
+        maps, ``torch.compile`` tracing) the base class's cast."""
+        self._pending = None
+        device = x.device.type
+        if (
+            not (torch.is_grad_enabled() and x.dtype == torch.float32 and torch.is_autocast_enabled(device))
+            or torch.get_autocast_dtype(device) not in (torch.float16, torch.bfloat16)
+            or self.adapted() or torch.compiler.is_compiling()
+        ):
+            return super().host_input(x)
+        with torch.autocast(device, enabled=False):
+            *parts, x_cast = self.project(x, torch.get_autocast_dtype(device), cast=True)
+        self._pending = (x, tuple(parts))
+        return x_cast
+
     def shared_projection(self, x: torch.Tensor, x_cast: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
         """Under autocast with gradients, a float32 x and the host's copy ``x_cast`` in autocast's
         dtype: :meth:`project`'s parts, whose backward keeps that copy instead of x (one copy of
         the block input held for the backward, not two); else None (the generator projects x itself)."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] is x:
+            return pending[1]
         device = x.device.type
         if x_cast is None or not (torch.is_grad_enabled() and x.dtype == torch.float32 and torch.is_autocast_enabled(device)):
             return None
