@@ -44,7 +44,7 @@ stage() {
   case $1 in
     state-tracking) runs "$1" left st-attention-s2:{nope,rope,srope} st-deltanet-a3:{nope,srope} ;;
     st-gla) runs "$1" left st-gla-s2:{nope,rope,srope,srope-demo-encoding} ;;
-    copying) WARM_SET="--set eval_lengths=2-8 --set eval_examples=16" EVAL_MARGIN=${EVAL_MARGIN:-150} runs "$1" left copying-fig5:{nope,rope,srope,srope-gate-bias} ;;
+    copying) WARM_SET="--set eval_lengths=2-8 --set eval_examples=16" EVAL_MARGIN=${EVAL_MARGIN:-150} runs "$1" left copying-release-arms:{nope,rope,srope,srope-bias,srope-gate,srope-gate-bias} ;;
     mqar) JOBS=${JOBS:-3} runs "$1" none mqar-fig6:{nope,rope,srope} ;;
     mad) JOBS=${JOBS:-2} runs "$1" none mad-table1:{nope,rope,srope,srope-gate-bias} ;;
     repeat) local i=0 a; rm -rf out/repeat && mkdir -p out/repeat  # one run alone twice, beside seed 1, with a larger evaluation

@@ -105,15 +105,16 @@ def test_a_run_alone_is_not_warmed_and_a_sweep_has_no_budget_unless_asked(tmp_pa
 
 
 def test_the_first_of_several_runs_warms_the_caches(tmp_path):
-    calls = run_stage(tmp_path, "copying", ONLY="copying-fig5-(srope|srope-gate-bias)")
+    calls = run_stage(tmp_path, "copying", ONLY="copying-release-arms-(srope|srope-gate-bias)")
     outs = [value(c, "--out") for c in calls]
     # the warm-up first; the runs after it start at once, so their order is the scheduler's
-    assert outs[0] == "out/warm/copying-fig5-srope" and sorted(outs[1:]) == ["out/synth/copying-fig5-srope", "out/synth/copying-fig5-srope-gate-bias"]
+    assert outs[0] == "out/warm/copying-release-arms-srope"
+    assert sorted(outs[1:]) == ["out/synth/copying-release-arms-srope", "out/synth/copying-release-arms-srope-gate-bias"]
     warm = settings(calls[0])
     assert warm.max_steps == 1 and warm.position_type == "selective_rope" and warm.eval_lengths == "2-8"
     assert all(settings(c).max_seconds <= 600 - 40 - 150 for c in calls[1:])  # copying keeps 150 s for its evaluation
-    assert sorted(value(c, "--out") for c in run_stage(tmp_path / "off", "copying", ONLY="copying-fig5-(srope|rope)", WARM="0")) == [
-        "out/synth/copying-fig5-rope", "out/synth/copying-fig5-srope"]
+    assert sorted(value(c, "--out") for c in run_stage(tmp_path / "off", "copying", ONLY="copying-release-arms-(srope|rope)", WARM="0")) == [
+        "out/synth/copying-release-arms-rope", "out/synth/copying-release-arms-srope"]
 
 
 def begun(root: Path, name: str) -> Path:

@@ -32,6 +32,12 @@ GPU_SH = {
 }
 OLD_RUNS = {f"{name}:{arm}": f"{base} {ENCODINGS[arm]}" for name, (base, arms) in GPU_SH.items() for arm in arms}
 OLD_RUNS["st-gla-s2:srope-demo-encoding"] = f"{GPU_SH['st-gla-s2'][0]} --position selective_rope {DEMO_ENCODING}"
+# Fig. 5 as the release sweeps it: its four Selective RoPE arms (the gate per head, "standard").
+RELEASE_ARMS = {f"copying-release-arms:{arm}": f"copying --preset release --set seeds=0,1,2 --set eval_batch_size=1000 {flags}" for arm, flags in {
+    "nope": "--position nope", "rope": "--position rope", "srope": "--position selective_rope",
+    "srope-bias": "--position selective_rope --set position.bias=true",
+    "srope-gate": "--position selective_rope --set position.gate=standard",
+    "srope-gate-bias": "--position selective_rope --set position.gate=standard --set position.bias=true"}.items()}  # fmt: skip
 RELEASE = {"mqar-release": "mqar --preset release", "copying-release": "copying --preset release",
            "st-release": "state_tracking --preset release", "st-release-attention": "state_tracking --preset release_attention"}  # fmt: skip
 
@@ -44,9 +50,15 @@ def test_every_recipe_has_a_version_a_line_of_description_and_runs_its_flags():
         assert resolved(["--recipe", recipe.name]) == resolved(recipe.flags()), recipe.name
 
 
-@pytest.mark.parametrize("name", sorted({**OLD_RUNS, **RELEASE}))
+@pytest.mark.parametrize("name", sorted({**OLD_RUNS, **RELEASE, **RELEASE_ARMS}))
 def test_a_recipe_runs_what_its_command_line_ran(name):
-    assert resolved(["--recipe", name]) == resolved(shlex.split({**OLD_RUNS, **RELEASE}[name])), name
+    assert resolved(["--recipe", name]) == resolved(shlex.split({**OLD_RUNS, **RELEASE, **RELEASE_ARMS}[name])), name
+
+
+def test_the_release_arms_gate_per_head():
+    cfg = resolved(["--recipe", "copying-release-arms:srope-gate-bias"])[2]
+    assert cfg.position["selective_rope"]["gate"] == "standard" and cfg.position["selective_rope"]["bias"] is True
+    assert cfg.position["selective_rope"]["skip_conv"] is True and tuple(cfg.seeds) == (0, 1, 2)
 
 
 def test_the_release_exact_presets_are_recipes():
