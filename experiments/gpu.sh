@@ -4,7 +4,8 @@
 # (a folder with results.json resumes, on the budget it began with), then packs them without weights into $OUT/STAGE.tgz
 # (15 MiB pieces STAGE.tgz.NN if larger). All ends within CALL_S (560) s. Settings: BUDGET (max_seconds of a run: left, the
 # call's rest less EVAL_MARGIN; none; or N), SEEDS, JOBS, SET (more srope synth options), TAG, PART, ONLY (a regex of
-# folders), NEED_S (start no run with less left), WARM=0 (no one-step run first), KEEP_CHECKPOINTS=1, AUTOTUNE (first).
+# folders), NEED_S (start no run with less left), WARM=0 (no one-step run first), KEEP_CHECKPOINTS=1, AUTOTUNE (first);
+# stage `recipes` runs RECIPES="NAME:ARM ..." (e.g. "st-release-tenth:nope st-release-tenth:srope"), resumed call after call.
 set -u
 END=$(($(date +%s) + ${CALL_S:-560}))
 left() { echo $((END - $(date +%s) - ${1:-40})); }
@@ -40,8 +41,8 @@ runs() {  # STAGE BUDGET NAME:ARM ...
   done
   wait; for f in "${paths[@]}"; do [ -f "out/$f" ] && echo "$f: $(tr '\r' '\n' < "out/$f" | grep . | tail -n 2 | head -n 1)"; done; pack "$stage" "${paths[@]}"
 }
-stage() {
-  case $1 in
+stage() { case $1 in
+    recipes) runs "$1" "${BUDGET:-none}" ${RECIPES:?RECIPES names the runs: NAME:ARM ...} ;;  # any recipes, each to its end
     state-tracking) runs "$1" left st-attention-s2:{nope,rope,srope} st-deltanet-a3:{nope,srope} ;;
     st-gla) runs "$1" left st-gla-s2:{nope,rope,srope,srope-demo-encoding} ;;
     copying) WARM_SET="--set eval_lengths=2-8 --set eval_examples=16" EVAL_MARGIN=${EVAL_MARGIN:-150} runs "$1" left copying-release-arms:{nope,rope,srope,srope-bias,srope-gate,srope-gate-bias} ;;
@@ -56,5 +57,4 @@ stage() {
     *) echo "unknown stage $1"; exit 2 ;;
   esac
 }
-for name in "$@"; do stage "$name"; done
-if [ -n "${OUT:-}" ] && [ -f .tcache/pack.sh ]; then bash .tcache/pack.sh; fi
+for name in "$@"; do stage "$name"; done; if [ -n "${OUT:-}" ] && [ -f .tcache/pack.sh ]; then bash .tcache/pack.sh; fi

@@ -154,3 +154,12 @@ def test_every_run_of_a_stage_resolves_and_ends_within_the_call(tmp_path, stage)
 
 def test_the_script_maps_stages_to_recipes_in_60_lines():
     assert len((ROOT / "experiments" / "gpu.sh").read_text().splitlines()) <= 60
+
+
+def test_the_recipes_stage_runs_any_recipes_to_their_end(tmp_path):
+    calls = run_stage(tmp_path, "recipes", RECIPES="st-release-tenth:nope st-release-tenth:srope", WARM="0")
+    assert sorted(value(c, "--out") for c in calls) == ["out/synth/st-release-tenth-nope", "out/synth/st-release-tenth-srope"]
+    for call in calls:
+        cfg = settings(call)
+        assert cfg.epochs == 10 and tuple(cfg.seeds) == (0, 1, 2) and cfg.max_seconds is None
+    assert (tmp_path / "out" / "gpu" / "recipes.tgz").is_file()

@@ -38,6 +38,9 @@ RELEASE_ARMS = {f"copying-release-arms:{arm}": f"copying --preset release --set 
     "srope-bias": "--position selective_rope --set position.bias=true",
     "srope-gate": "--position selective_rope --set position.gate=standard",
     "srope-gate-bias": "--position selective_rope --set position.gate=standard --set position.bias=true"}.items()}  # fmt: skip
+RELEASE_ARMS |= {f"st-release{kind}-tenth:{arm}": f"state_tracking --preset release{preset} --set epochs=10 --set seeds=0,1,2 --position {position}"
+                 for kind, preset in (("", ""), ("-attention", "_attention"))
+                 for arm, position in (("nope", "nope"), ("rope", "rope"), ("srope", "selective_rope"))}  # fmt: skip
 RELEASE = {"mqar-release": "mqar --preset release", "copying-release": "copying --preset release",
            "st-release": "state_tracking --preset release", "st-release-attention": "state_tracking --preset release_attention"}  # fmt: skip
 
