@@ -423,8 +423,8 @@ class SelectiveRoPE(PositionEncoding):
     def host_input(self, x: torch.Tensor) -> torch.Tensor:
         """The host's copy of x under autocast with gradients, written by the generator's
         projection in its one pass over x (its backward adds the host maps' gradient into dx
-        in the same kernel): a separate cast's bytes, forward and backward, are 3-4% of a
-        GLA layer step at gla-370m's size (docs/kernels.md). The projection is kept for this
+        in the same kernel), where a separate cast would read and write x again, forward and
+        backward (what that costs: docs/kernels.md). The projection is kept for this
         call's :meth:`forward` with the same x. Elsewhere (no autocast, no gradients, adapted
         maps, ``torch.compile`` tracing) the base class's cast."""
         self._pending = None
