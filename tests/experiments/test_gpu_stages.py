@@ -30,7 +30,8 @@ def run_stage(tmp_path: Path, stage: str, **env: str) -> list[list[str]]:
     bin_dir.mkdir()
     calls = tmp_path / "calls.txt"
     stub = bin_dir / "python3"
-    stub.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exec {sys.executable} "$@"\nprintf "%s\\037" "$@" >> {calls}\necho >> {calls}\n')
+    # one write per call: runs started at once must not interleave their lines
+    stub.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exec {sys.executable} "$@"\nline=$(printf "%s\\037" "$@")\nprintf "%s\\n" "$line" >> {calls}\n')
     stub.chmod(0o755)
     inherited = {k: v for k, v in os.environ.items() if k not in SETTINGS}
     full_env = {**inherited, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALL_S": "600", **env}
