@@ -1,5 +1,6 @@
 """What every srope Triton kernel's launch shares: whether Triton interprets on the CPU,
-programmatic dependent launch on sm_90+, and the device the launch runs on.
+programmatic dependent launch on sm_90+, the device the launch runs on, the registration of
+launch functions as ``torch.library`` ops (:class:`KernelOp`), and host-side integer helpers.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
@@ -55,3 +58,86 @@ def await_predecessor(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+# Host code sizes its launches with these rather than triton.cdiv / triton.next_power_of_2:
+# Triton 3.6 made those constexpr functions, about 3 µs a call from Python, and a training
+# step's launches make dozens of such calls.
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for integers."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two ``>= n`` for ``n >= 1`` (0 for 0, as Triton's)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+class KernelOp:
+    """A launch function (tensors in, fresh tensors out) that ``torch.compile`` sees as the
+    ``torch.library`` custom op ``name`` and eager code calls directly.
+
+    The custom op is what keeps compiled graphs whole (its fake implementation gives the
+    shapes; its autograd formula is traced into the backward graph). Eager, the same launches
+    go without the dispatcher: a custom op with autograd costs a few tens of microseconds of
+    host time per call each way, which an eager step of many small kernels pays in full.
+    With :meth:`register_autograd`, the eager route is a ``torch.autograd.Function`` built
+    from the same ``setup_context`` and backward: one formula for both routes, whose backward
+    (traced by ``torch.compile`` through the op, run eagerly through the Function) reaches
+    other KernelOps, which route themselves the same way. The op itself is ``.op`` (what
+    ``torch.library.opcheck`` takes).
+    """
+
+    def __init__(self, name: str, fn):
+        self.fn = fn
+        self.op = torch.library.custom_op(name, mutates_args=())(fn)
+        self._eager = fn
+        functools.update_wrapper(self, fn)
+
+    def register_fake(self, fake):
+        self.op.register_fake(fake)
+        return fake
+
+    def register_autograd(self, backward, *, setup_context) -> None:
+        self.op.register_autograd(backward, setup_context=setup_context)
+        fn = self.fn
+
+        def forward(ctx, *args):
+            # (setup here, not as a separate setup_context: Function.apply binds that one's
+            # arguments through inspect.signature on every call)
+            output = fn(*args)
+            setup_context(ctx, args, output)
+            return output
+
+        @once_differentiable  # the backward launches kernels: no graph of its own, as the op's
+        def direct_backward(ctx, *grads):
+            return backward(ctx, *grads)
+
+        # named after the launch function, so that profiles and grad_fn say which op it is
+        Direct = type(fn.__name__.strip("_"), (torch.autograd.Function,),
+                      {"forward": staticmethod(forward), "backward": staticmethod(direct_backward)})
+        self._eager = Direct.apply
+        self._positional = True
+
+    _positional = False  # Function.apply takes positional arguments only
+
+    def __call__(self, *args, **kwargs):
+        if _traced(args):
+            return self.op(*args, **kwargs)
+        if kwargs and self._positional:
+            raise TypeError(f"{self.fn.__name__} takes positional arguments only")
+        return self._eager(*args, **kwargs)
+
+
+def _traced(args) -> bool:
+    """Whether a call is being traced rather than run: under ``torch.compile`` or ``export``,
+    inside a dispatch mode (``make_fx``, ``aot_function``, ``opcheck``, a FLOP counter), or on
+    a tensor subclass (fake, functional, DTensor). Those must see the op."""
+    if torch.compiler.is_compiling() or _dispatch_mode() is not None:
+        return True
+    return any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter for a in args)
+
+
+def kernel_op(name: str):
+    """Decorator form of :class:`KernelOp`."""
+    return lambda fn: KernelOp(name, fn)

@@ -257,11 +257,11 @@ def test_opcheck(device):
     c, y, gate_bias, e = gate_inputs(5, 2, 3, True, 7, device)
     for bias in (e, None):
         for silu in (True, False):
-            torch.library.opcheck(head_gate._apply_op, (c, y, gate_bias, bias, silu))
+            torch.library.opcheck(head_gate._apply_op.op, (c, y, gate_bias, bias, silu))
     u, w, conv_bias, y, gate_bias, e = conv_gate_inputs(2, 5, 2, 3, 4, 10, device)
     for biases in ((conv_bias, e), (None, None), (conv_bias, None), (None, e)):
-        torch.library.opcheck(head_gate._conv_gate_op, (u.requires_grad_(), w, biases[0], y, gate_bias, biases[1], True))
-        torch.library.opcheck(head_gate._conv_gate_bwd_op, (torch.randn(10, 2, 3, device=device), u.detach(), w, biases[0], y,
+        torch.library.opcheck(head_gate._conv_gate_op.op, (u.requires_grad_(), w, biases[0], y, gate_bias, biases[1], True))
+        torch.library.opcheck(head_gate._conv_gate_bwd_op.op, (torch.randn(10, 2, 3, device=device), u.detach(), w, biases[0], y,
                                                             gate_bias, biases[1], True))
 
 

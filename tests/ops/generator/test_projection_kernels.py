@@ -143,7 +143,7 @@ def test_opcheck_forward(device):
     x = randn(5, 2, 16, seed_gen=gen).to(device, torch.float32)
     weight = randn(2, 16, 18, seed_gen=gen).to(device, torch.float32)
     for cast, split in ((None, None), (torch.bfloat16, None), (None, 11), (torch.bfloat16, 16)):
-        torch.library.opcheck(_forward_op, (x, weight, 1e-6, cast, split))
+        torch.library.opcheck(_forward_op.op, (x, weight, 1e-6, cast, split))
 
 
 # (tokens, heads, chunk, width, split): the GLA-370M head split (64 + 4 outputs), parts
@@ -389,9 +389,9 @@ def test_opcheck_backward(device):
 
     dy, y, inv_norm, weight, x = grad_inputs(5, 2, 16, 18, torch.bfloat16, device, seed=2)
     for host_grad, weight_grad in ((None, True), (None, False), (x.to(torch.bfloat16), True)):
-        torch.library.opcheck(_backward_op, (dy, None, y, None, inv_norm, weight, x, host_grad, weight_grad))
+        torch.library.opcheck(_backward_op.op, (dy, None, y, None, inv_norm, weight, x, host_grad, weight_grad))
     parts = [t.contiguous() for t in (dy[..., :11], dy[..., 11:], y[..., :11], y[..., 11:])]
-    torch.library.opcheck(_backward_op, (*parts, inv_norm, weight, x, None, True))
+    torch.library.opcheck(_backward_op.op, (*parts, inv_norm, weight, x, None, True))
 
 
 @pytest.mark.parametrize("count,heads,chunk,width,split", SPLITS)

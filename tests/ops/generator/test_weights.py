@@ -71,8 +71,8 @@ def test_opcheck(device):
 
     for gates in (0, 3):
         w, gain, gate = inputs(2, 11, 5, gates, 3, device)
-        torch.library.opcheck(module._weights_op, (w.requires_grad_(), gain.requires_grad_(), gate))
-        torch.library.opcheck(module._weights_bwd_op, (torch.randn(2, 11, 5 + gates, device=device), w.detach(), gain.detach(), gates))
+        torch.library.opcheck(module._weights_op.op, (w.requires_grad_(), gain.requires_grad_(), gate))
+        torch.library.opcheck(module._weights_bwd_op.op, (torch.randn(2, 11, 5 + gates, device=device), w.detach(), gain.detach(), gates))
 
 
 BAD = [

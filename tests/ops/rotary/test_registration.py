@@ -28,12 +28,12 @@ def test_opcheck_selective_rope(device):
     for packed in (False, True):
         q, k, phi, temperature, offset, cu = _inputs(device, packed)
         tables = ops.chunk_tables(cu, 9, 4) if packed else (None, None)
-        torch.library.opcheck(ops.selective_rope_fwd, (q, k, phi, temperature, offset, cu, *tables, 4))
+        torch.library.opcheck(ops.selective_rope_fwd.op, (q, k, phi, temperature, offset, cu, *tables, 4))
 
 
 def test_opcheck_rope_and_decode(device):
     q, k, *_ = _inputs(device)
-    torch.library.opcheck(ops.rope_fwd, (q, k, torch.arange(9, device=device)[None], torch.rand(3, device=device), 4))
+    torch.library.opcheck(ops.rope_fwd.op, (q, k, torch.arange(9, device=device)[None], torch.rand(3, device=device), 4))
     g = generator(21)
     args = (
         randn(2, 1, 4, 8, seed_gen=g, dtype=torch.float32), randn(2, 1, 2, 8, seed_gen=g, dtype=torch.float32),
@@ -41,12 +41,12 @@ def test_opcheck_rope_and_decode(device):
         randn(6, 4, seed_gen=g, dtype=torch.float32), randn(2, 2, 3, seed_gen=g), torch.rand(3, generator=g),
         None, randn(2, 3, seed_gen=g, dtype=torch.float32), torch.rand(2, 2, generator=g),
     )
-    torch.library.opcheck(_decode_op, tuple(a.to(device) if a is not None else None for a in args) + (True,))
+    torch.library.opcheck(_decode_op.op, tuple(a.to(device) if a is not None else None for a in args) + (True,))
     # u and the per-head gate computed from x in the step (hidden 16 over 2 key heads, R 3 + 2 gate shares)
     from_x = (None if i == 2 else a for i, a in enumerate(args[:9]))
     tail = (None, True, randn(2, 16, seed_gen=g, dtype=torch.float32), randn(2, 8, 5, seed_gen=g, dtype=torch.float32),
             randn(2, seed_gen=g, dtype=torch.float32), 1e-6)
-    torch.library.opcheck(_decode_op, tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in (*from_x, *tail)))
+    torch.library.opcheck(_decode_op.op, tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in (*from_x, *tail)))
 
 
 def test_torch_compile_keeps_the_op_in_one_graph(device):

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from srope.ops._triton import await_predecessor, interpreting, on_device, pdl
+from srope.ops._triton import await_predecessor, cdiv, interpreting, kernel_op, next_power_of_2, on_device, pdl
 
 BLOCK_N = 64  # tokens per program
 INTERPRET_BLOCK_N = 16  # under TRITON_INTERPRET=1 (quicker tests); 0: the GPU's
@@ -113,23 +113,23 @@ def apply_bwd_kernel(dphi, c, y, gate_bias, e, dc, dlogit, partial_bias, partial
 
 def _launch(x: torch.Tensor, block_n: int = BLOCK_N):
     block_n = INTERPRET_BLOCK_N if interpreting() and INTERPRET_BLOCK_N else block_n
-    return block_n, triton.cdiv(x.shape[0], block_n)
+    return block_n, cdiv(x.shape[0], block_n)
 
 
 def _conv_fwd_block_n(pairs: int) -> int:
-    return max(8, min(BLOCK_N, BLOCK_N * 64 // triton.next_power_of_2(pairs)))  # 64 x 128 spilled on sm_90
+    return max(8, min(BLOCK_N, BLOCK_N * 64 // next_power_of_2(pairs)))  # 64 x 128 spilled on sm_90
 
 
 def _conv_bwd_block_n(pairs: int, width: int) -> int:
-    fits = CONV_BWD_TILE // (triton.next_power_of_2(pairs) * max(width, 4))
+    fits = CONV_BWD_TILE // (next_power_of_2(pairs) * max(width, 4))
     return max(8, min(32, 1 << (fits.bit_length() - 1) if fits else 0))
 
 
 def _meta(heads: int, pairs: int, block_n: int) -> dict:
-    return dict(H=heads, R=pairs, BN=block_n, BR=triton.next_power_of_2(pairs), BH=triton.next_power_of_2(heads))
+    return dict(H=heads, R=pairs, BN=block_n, BR=next_power_of_2(pairs), BH=next_power_of_2(heads))
 
 
-@torch.library.custom_op("srope::head_gate_apply", mutates_args=())
+@kernel_op("srope::head_gate_apply")
 def _apply_op(c: torch.Tensor, y: torch.Tensor, gate_bias: torch.Tensor, e: torch.Tensor | None, silu: bool) -> torch.Tensor:
     count, heads = y.shape[:2]
     pairs = c.shape[1] // heads
@@ -148,7 +148,7 @@ def _(c, y, gate_bias, e, silu):
     return c.new_empty((y.shape[0], y.shape[1], c.shape[1] // y.shape[1]))
 
 
-@torch.library.custom_op("srope::head_gate_apply_bwd", mutates_args=())
+@kernel_op("srope::head_gate_apply_bwd")
 def _apply_bwd_op(
     dphi: torch.Tensor, c: torch.Tensor, y: torch.Tensor, gate_bias: torch.Tensor, e: torch.Tensor | None, silu: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -352,7 +352,7 @@ def conv_taps_bwd_kernel(dc, w, du, N, T, H: tl.constexpr, R: tl.constexpr, K: t
     tl.store(du + nn[:, None] * (H * R) + ch[None, :], acc, mask=mn[:, None] & mr[None, :])
 
 
-@torch.library.custom_op("srope::conv_head_gate", mutates_args=())
+@kernel_op("srope::conv_head_gate")
 def _conv_gate_op(u: torch.Tensor, w: torch.Tensor, conv_bias: torch.Tensor | None, y: torch.Tensor, gate_bias: torch.Tensor,
                   e: torch.Tensor | None, silu: bool) -> torch.Tensor:
     batch, length, channels = u.shape
@@ -375,7 +375,7 @@ def _(u, w, conv_bias, y, gate_bias, e, silu):
     return u.new_empty((u.shape[0] * u.shape[1], y.shape[1], u.shape[2] // y.shape[1]))
 
 
-@torch.library.custom_op("srope::conv_head_gate_bwd", mutates_args=())
+@kernel_op("srope::conv_head_gate_bwd")
 def _conv_gate_bwd_op(
     dphi: torch.Tensor, u: torch.Tensor, w: torch.Tensor, conv_bias: torch.Tensor | None, y: torch.Tensor, gate_bias: torch.Tensor,
     e: torch.Tensor | None, silu: bool,
@@ -406,7 +406,7 @@ def _conv_gate_bwd_op(
             )
             taps_n, taps_blocks = _launch(dlogit, _conv_fwd_block_n(pairs))
             conv_taps_bwd_kernel[(taps_blocks, heads)](dc, w, du, count, length, H=heads, R=pairs, K=w.shape[1], BN=taps_n,
-                                                       BR=triton.next_power_of_2(pairs), **pdl(u))
+                                                       BR=next_power_of_2(pairs), **pdl(u))
     dconv_bias = partial_conv_bias.sum(0) if conv_bias is not None else u.new_empty(0)
     return du, partial_w.sum(0), dconv_bias, dlogit, partial_bias.sum(0), partial_e.sum(0) if e is not None else u.new_empty(0)
 

@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from srope.ops._triton import await_predecessor, interpreting, on_device, pdl
+from srope.ops._triton import await_predecessor, cdiv, interpreting, kernel_op, next_power_of_2, on_device, pdl
 
 
 @triton.jit
@@ -172,8 +172,8 @@ MAX_SLABS = 256  # the partial weight gradients take at most this many times the
 def slab_tokens(count: int, block_n: int, slab: int) -> int:
     """Tokens per program: ``slab``, or more where that would make over MAX_SLABS
     partials; a multiple of ``block_n``."""
-    tokens = max(slab, triton.cdiv(count, MAX_SLABS))
-    return triton.cdiv(tokens, block_n) * block_n
+    tokens = max(slab, cdiv(count, MAX_SLABS))
+    return cdiv(tokens, block_n) * block_n
 
 
 def _columns(width: int, split: int | None) -> dict:
@@ -185,8 +185,8 @@ def _columns(width: int, split: int | None) -> dict:
         first, rest = column_blocks(width)
         w1 = min(first, width)
     else:
-        w1, first = split, max(16, triton.next_power_of_2(split))
-        rest = 0 if width == split else max(16, triton.next_power_of_2(width - split))
+        w1, first = split, max(16, next_power_of_2(split))
+        rest = 0 if width == split else max(16, next_power_of_2(width - split))
     return dict(M=width, W1=w1, BM1=first, BM2=max(rest, 16), TWO=rest > 0)
 
 
@@ -200,7 +200,7 @@ def _unit_columns(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
-@torch.library.custom_op("srope::normalized_projection_backward", mutates_args=())
+@kernel_op("srope::normalized_projection_backward")
 def _backward_op(
     dy: torch.Tensor, dy_rest: torch.Tensor | None, y: torch.Tensor, y_rest: torch.Tensor | None, inv_norm: torch.Tensor,
     weight: torch.Tensor, x: torch.Tensor, host_grad: torch.Tensor | None, weight_grad: bool,
@@ -215,16 +215,16 @@ def _backward_op(
     host_grad = None if host_grad is None else host_grad.contiguous()
     dx = torch.empty(count, heads, chunk, dtype=torch.float32, device=x.device)
     block_n, block_i, warps, stages, *maxnreg = (16, 16, 4, 1) if interpreting() else BACKWARD_TILE
-    block_i = min(block_i, max(16, triton.next_power_of_2(chunk)))
+    block_i = min(block_i, max(16, next_power_of_2(chunk)))
     tokens = slab_tokens(count, block_n, 32 if interpreting() else SLAB)
-    slabs = triton.cdiv(count, tokens) if weight_grad else 0
+    slabs = cdiv(count, tokens) if weight_grad else 0
     if count == 0 or width == 0:
         dx = dx.zero_() if host_grad is None else host_grad.to(torch.float32, copy=True)
         return dx, torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
     partial = torch.empty(slabs, heads, chunk, width, dtype=torch.float32, device=x.device)
     columns = _columns(width, split)
     with on_device(x):
-        backward_kernel[(triton.cdiv(count, tokens), heads, triton.cdiv(chunk, block_i))](
+        backward_kernel[(cdiv(count, tokens), heads, cdiv(chunk, block_i))](
             dy, dy2, y, y2, inv_norm, weight, x, dx if host_grad is None else host_grad, dx, partial, dx, count, x.stride(0),
             tokens, STRIDES=part_strides(dy, dy2, y, y2), H=heads, I=chunk, C2=columns["W1"] if split is None else 0, BN=block_n, BI=block_i, **columns,
             HOST_GRAD=host_grad is not None, WEIGHT_GRAD=weight_grad, STORE_Z=False, UPCAST=interpreting(), num_warps=warps,
@@ -422,10 +422,10 @@ def column_blocks(width: int) -> tuple[int, int]:
     """The forward's two column tiles: the largest power of two <= ``width`` (at least 16),
     and a power of two (at least 16) for the rest, or 0 where the first covers them all."""
     first = max(16, 1 << (width.bit_length() - 1))
-    return first, 0 if width <= first else max(16, triton.next_power_of_2(width - first))
+    return first, 0 if width <= first else max(16, next_power_of_2(width - first))
 
 
-@torch.library.custom_op("srope::normalized_projection_forward", mutates_args=())
+@kernel_op("srope::normalized_projection_forward")
 def _forward_op(
     x: torch.Tensor, weight: torch.Tensor, eps: float, cast: torch.dtype | None, split: int | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -453,8 +453,8 @@ def _forward_op(
     # unsplit, the second tile's columns go to y as well, from its column W1
     second = dict(Y2W=width, C2=columns["W1"]) if split is None else dict(Y2W=width - split, C2=0)
     with on_device(x):
-        split_weight_kernel[(heads, triton.cdiv(width, 32))](weight, w_hi, w_lo, scale, chunk, width, BI=64, BM=32, **pdl(x))
-        forward_kernel[(triton.cdiv(count, block_n), heads)](
+        split_weight_kernel[(heads, cdiv(width, 32))](weight, w_hi, w_lo, scale, chunk, width, BI=64, BM=32, **pdl(x))
+        forward_kernel[(cdiv(count, block_n), heads)](
             x, w_hi, w_lo, scale, y, y if split is None else y_rest, inv_norm, x_cast if cast is not None else y, count,
             x.stride(0), eps, H=heads, I=chunk, Y1W=first, **second, BN=block_n, BK=block_k, **columns,
             CAST=cast is not None, UPCAST=interpreting(), NORM_BK=norm_k, NORM_STAGES=norm_stages, num_warps=warps, num_stages=stages,

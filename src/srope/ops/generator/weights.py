@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from srope.ops._triton import await_predecessor, interpreting, on_device, pdl
+from srope.ops._triton import await_predecessor, interpreting, kernel_op, next_power_of_2, on_device, pdl
 
 TILE = 2048  # inputs x columns (padded) per step of a column program
 INTERPRET_TILE = 256  # under TRITON_INTERPRET=1: several steps over I even at test sizes
@@ -119,12 +119,12 @@ def weights_bwd_kernel(dout, w, gain, dw, dgain, dgate, I, R, G, gate_row, BI: t
 
 
 def _meta(pairs: int, gates: int) -> dict:
-    block_r = triton.next_power_of_2(pairs)
+    block_r = next_power_of_2(pairs)
     tile = INTERPRET_TILE if interpreting() else TILE
-    return dict(BI=max(1, tile // block_r), BR=block_r, BG=triton.next_power_of_2(max(gates, 1)), HAS_GATE=gates > 0)
+    return dict(BI=max(1, tile // block_r), BR=block_r, BG=next_power_of_2(max(gates, 1)), HAS_GATE=gates > 0)
 
 
-@torch.library.custom_op("srope::head_weights", mutates_args=())
+@kernel_op("srope::head_weights")
 def _weights_op(w: torch.Tensor, gain: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
     heads, inputs, pairs = w.shape
     gates = 0 if gate is None else gate.shape[0]
@@ -143,7 +143,7 @@ def _(w, gain, gate):
     return w.new_empty((w.shape[0], w.shape[1], w.shape[2] + (0 if gate is None else gate.shape[0])))
 
 
-@torch.library.custom_op("srope::head_weights_bwd", mutates_args=())
+@kernel_op("srope::head_weights_bwd")
 def _weights_bwd_op(dout: torch.Tensor, w: torch.Tensor, gain: torch.Tensor, gates: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns ``(dw, dgain, dgate [G, H·I])``, dgate empty without a gate."""
     heads, inputs, pairs = w.shape

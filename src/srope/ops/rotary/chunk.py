@@ -18,7 +18,7 @@ import functools
 import torch
 import triton
 
-from srope.ops._triton import interpreting, on_device, pdl
+from srope.ops._triton import cdiv, interpreting, kernel_op, next_power_of_2, on_device, pdl
 from srope.ops.rotary import kernels
 
 # Tile sizes (why each value, and what it was measured against: docs/kernels.md, "Tuning").
@@ -73,14 +73,14 @@ def _tile(block_t: int, block_r: int) -> dict:
 
 def _scan_tile(chunks_per_sequence: int, block_r: int) -> dict:
     """Chunks per step (BC) and channels per program (BRS) of the chunk scans."""
-    steps = min(1024, triton.next_power_of_2(max(chunks_per_sequence, 1)))
+    steps = min(1024, next_power_of_2(max(chunks_per_sequence, 1)))
     return {"BC": steps, "BRS": max(1, min(block_r, SCAN_ELEMENTS // steps)), "num_warps": 8}
 
 
 def _light_tile(block_t: int, block_r: int, key_heads: int, elements: int = LIGHT_ELEMENTS) -> dict:
     """Key heads (HPP) and chunks (CPP) per program and warps of the chunk-sum and dphi
     kernels: about ``elements`` channels per token step, whole [Hk, R] rows where they fit."""
-    heads = min(triton.next_power_of_2(key_heads), max(1, elements // block_r))
+    heads = min(next_power_of_2(key_heads), max(1, elements // block_r))
     return {"HPP": heads, "CPP": max(1, elements // (heads * block_r)), "num_warps": 4}
 
 
@@ -103,8 +103,8 @@ def default_block_t(batch: int, length: int, key_heads: int, pairs: int = 64) ->
     """Chunk length: about TILE_ELEMENTS / pairs tokens (16 to 128; 16 for R = 64), halved
     (down to 16) while fewer than 1024 programs would run, so that small batches still
     spread over every SM of the GPU."""
-    block_t = min(128, max(16, TILE_ELEMENTS // triton.next_power_of_2(max(pairs, 1))))
-    while block_t > 16 and batch * key_heads * triton.cdiv(max(length, 1), block_t) < 1024:
+    block_t = min(128, max(16, TILE_ELEMENTS // next_power_of_2(max(pairs, 1))))
+    while block_t > 16 and batch * key_heads * cdiv(max(length, 1), block_t) < 1024:
         block_t //= 2
     return block_t
 
@@ -131,8 +131,8 @@ def _meta(q: torch.Tensor, k: torch.Tensor, pairs: int, block_t: int, *others: t
         R=pairs,
         P=rest,
         BT=block_t,
-        BR=triton.next_power_of_2(pairs),
-        BP=triton.next_power_of_2(max(rest, 1)),
+        BR=next_power_of_2(pairs),
+        BP=next_power_of_2(max(rest, 1)),
         F64=any(x.dtype == torch.float64 for x in (q, k, *others)),
         PRECISE=not interpreting(),
     )
@@ -157,7 +157,7 @@ def chunk_tables(cu_seqlens: torch.Tensor, length: int, block_t: int) -> tuple[t
     bounds = cu_seqlens.to(torch.int64)
     chunks = torch.div(bounds[1:] - bounds[:-1] + block_t - 1, block_t, rounding_mode="floor")
     cu_chunks = torch.cat([bounds.new_zeros(1), torch.cumsum(chunks, 0)])
-    slots = torch.arange(triton.cdiv(length, block_t) + count, device=cu_seqlens.device, dtype=torch.int64)
+    slots = torch.arange(cdiv(length, block_t) + count, device=cu_seqlens.device, dtype=torch.int64)
     chunk_seq = torch.searchsorted(cu_chunks[1:].contiguous(), slots, right=True)
     return cu_chunks.to(torch.int32), chunk_seq.to(torch.int32)
 
@@ -165,7 +165,7 @@ def chunk_tables(cu_seqlens: torch.Tensor, length: int, block_t: int) -> tuple[t
 # --------------------------------------------------------------------------- selective
 
 
-@torch.library.custom_op("srope::selective_rope_fwd", mutates_args=())
+@kernel_op("srope::selective_rope_fwd")
 @_guarded
 def selective_rope_fwd(
     q: torch.Tensor,
@@ -185,7 +185,7 @@ def selective_rope_fwd(
     key_heads, pairs = k.shape[2], phi.shape[3]
     varlen = cu_seqlens is not None
     count = cu_seqlens.shape[0] - 1 if varlen else batch
-    per_row = triton.cdiv(length, block_t)
+    per_row = cdiv(length, block_t)
     slots = chunk_seq.shape[0] if varlen else batch * per_row
     f64 = dict(dtype=torch.float64, device=q.device)
     sums = torch.empty(slots, key_heads, pairs, **f64)
@@ -198,12 +198,12 @@ def selective_rope_fwd(
     temp_h = pairs if temperature.dim() == 2 else 0
     light = _light_tile(block_t, meta["BR"], key_heads)
     if slots > 0:
-        kernels.chunk_sum_kernel[(triton.cdiv(slots, light["CPP"]), triton.cdiv(key_heads, light["HPP"]))](
+        kernels.chunk_sum_kernel[(cdiv(slots, light["CPP"]), cdiv(key_heads, light["HPP"]))](
             phi, sums, base, *_bth(phi), length, per_row, count, slots, *table,
             Hk=key_heads, R=pairs, BT=block_t, BR=meta["BR"], VARLEN=varlen, **light, **_no_spill(), **pdl(q),
         )
     scan = _scan_tile(per_row, meta["BR"])
-    kernels.chunk_scan_fwd_kernel[(count, key_heads, triton.cdiv(pairs, scan["BRS"]))](
+    kernels.chunk_scan_fwd_kernel[(count, key_heads, cdiv(pairs, scan["BRS"]))](
         sums, base, sums if offset is None else offset.contiguous(), final, per_row, table[2],
         Hk=key_heads, R=pairs, HAS_OFFSET=offset is not None, VARLEN=varlen, **scan, **pdl(q),
     )
@@ -216,7 +216,7 @@ def selective_rope_fwd(
     return q_out, k_out, final, base
 
 
-@torch.library.custom_op("srope::selective_rope_bwd", mutates_args=())
+@kernel_op("srope::selective_rope_bwd")
 @_guarded
 def selective_rope_bwd(
     dq_out: torch.Tensor,
@@ -244,7 +244,7 @@ def selective_rope_bwd(
     key_heads, pairs = k.shape[2], phi.shape[3]
     varlen = cu_seqlens is not None
     count = cu_seqlens.shape[0] - 1 if varlen else batch
-    per_row = triton.cdiv(length, block_t)
+    per_row = cdiv(length, block_t)
     slots = base.shape[0]
     meta = _selective_meta(q, k, pairs, block_t, phi, temperature)
     table = (cu_seqlens, chunk_seq, cu_chunks) if varlen else (base, base, base)
@@ -277,7 +277,7 @@ def selective_rope_bwd(
     dtemp_seq = buffer((count, key_heads, pairs), temperature_grad)
     if need_total or temperature_grad:
         scan = _scan_tile(per_row, meta["BR"])
-        kernels.chunk_scan_bwd_kernel[(count, key_heads, triton.cdiv(pairs, scan["BRS"]))](
+        kernels.chunk_scan_bwd_kernel[(count, key_heads, cdiv(pairs, scan["BRS"]))](
             dtotal, dtemp_part, carry, temperature, doffset, dtemp_seq, temp_h, per_row, table[2],
             Hk=key_heads, R=pairs, CARRY=phi_grad, OFFSET_GRAD=offset_grad, TEMP_GRAD=temperature_grad,
             VARLEN=varlen, **scan, **pdl(q),
@@ -285,7 +285,7 @@ def selective_rope_bwd(
     dphi = buffer(phi.shape, phi_grad, phi.dtype)
     if phi_grad and slots > 0:
         light = _light_tile(block_t, meta["BR"], key_heads)
-        kernels.dphi_kernel[(triton.cdiv(slots, light["CPP"]), triton.cdiv(key_heads, light["HPP"]))](
+        kernels.dphi_kernel[(cdiv(slots, light["CPP"]), cdiv(key_heads, light["HPP"]))](
             dangle, carry, temperature, dphi, *_bth(dphi), temp_h, length, per_row, count, slots, *table,
             Hk=key_heads, R=pairs, BT=block_t, BR=meta["BR"], VARLEN=varlen, **light, **pdl(q),
         )
@@ -297,7 +297,7 @@ def _selective_rope_fwd_fake(q, k, phi, temperature, offset, cu_seqlens, cu_chun
     batch, length = q.shape[0], q.shape[1]
     key_heads, pairs = k.shape[2], phi.shape[3]
     count = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    slots = batch * triton.cdiv(length, block_t) if cu_seqlens is None else chunk_seq.shape[0]
+    slots = batch * cdiv(length, block_t) if cu_seqlens is None else chunk_seq.shape[0]
     return (
         q.new_empty(q.shape),
         k.new_empty(k.shape),
@@ -390,7 +390,7 @@ def selective_rope_triton(
 # --------------------------------------------------------------------------- fixed RoPE
 
 
-@torch.library.custom_op("srope::rope_fwd", mutates_args=())
+@kernel_op("srope::rope_fwd")
 @_guarded
 def rope_fwd(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, block_t: int
@@ -398,7 +398,7 @@ def rope_fwd(
     q, k, inv_freq = _last_dim_contiguous(q), _last_dim_contiguous(k), inv_freq.contiguous()
     batch, length, _, _ = q.shape
     key_heads, pairs = k.shape[2], inv_freq.shape[0]
-    per_row = triton.cdiv(length, block_t)
+    per_row = cdiv(length, block_t)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     meta = _meta(q, k, pairs, block_t)  # compute dtype from q, k only, like the reference
@@ -410,7 +410,7 @@ def rope_fwd(
     return q_out, k_out
 
 
-@torch.library.custom_op("srope::rope_bwd", mutates_args=())
+@kernel_op("srope::rope_bwd")
 @_guarded
 def rope_bwd(
     dq_out: torch.Tensor,
@@ -427,7 +427,7 @@ def rope_bwd(
     dq_out, dk_out = _last_dim_contiguous(dq_out), _last_dim_contiguous(dk_out)
     batch, length, _, _ = q.shape
     key_heads, pairs = k.shape[2], inv_freq.shape[0]
-    per_row = triton.cdiv(length, block_t)
+    per_row = cdiv(length, block_t)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     shape = (batch * per_row, key_heads, pairs) if freq_grad else (0,)
@@ -450,7 +450,7 @@ def _rope_fwd_fake(q, k, positions, inv_freq, block_t):
 
 @rope_bwd.register_fake
 def _rope_bwd_fake(dq_out, dk_out, q_rot, k_rot, positions, inv_freq, block_t, freq_grad):
-    chunks = q_rot.shape[0] * triton.cdiv(q_rot.shape[1], block_t)
+    chunks = q_rot.shape[0] * cdiv(q_rot.shape[1], block_t)
     shape = (chunks, k_rot.shape[2], inv_freq.shape[0]) if freq_grad else (0,)
     return q_rot.new_empty(q_rot.shape), k_rot.new_empty(k_rot.shape), q_rot.new_empty(shape, dtype=torch.float64)
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from srope.ops._triton import await_predecessor, interpreting, on_device, pdl
+from srope.ops._triton import await_predecessor, interpreting, kernel_op, next_power_of_2, on_device, pdl
 from srope.ops.conv import ACTIVATIONS
 from srope.ops.rotary.kernels import _exp, _load_halves, _out, _rotate_heads_fwd, _sincos, _wrap
 
@@ -160,7 +160,7 @@ def generator_inputs_kernel(
         tl.store(gate + n * Hk + hk, g.to(gate.dtype.element_ty))
 
 
-@torch.library.custom_op("srope::selective_rope_decode_inputs", mutates_args=())
+@kernel_op("srope::selective_rope_decode_inputs")
 def _inputs_op(x: torch.Tensor, weight: torch.Tensor, gate_bias: torch.Tensor | None, pairs: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     count = x.shape[0]
     key_heads, chunk, width = weight.shape
@@ -173,7 +173,7 @@ def _inputs_op(x: torch.Tensor, weight: torch.Tensor, gate_bias: torch.Tensor | 
         with on_device(x):
             generator_inputs_kernel[(count, key_heads)](
                 x, weight, weight if gate_bias is None else gate_bias.contiguous(), u, gate, eps, x.stride(0),
-                Hk=key_heads, I=chunk, R=pairs, M=width, BH=triton.next_power_of_2(key_heads),
+                Hk=key_heads, I=chunk, R=pairs, M=width, BH=next_power_of_2(key_heads),
                 BI=block_i, BR=block_r, GATE=gate_bias is not None, F64=weight.dtype == torch.float64,
                 num_warps=warps, **pdl(x),
             )
@@ -230,14 +230,14 @@ def _inputs_tile(pairs: int, chunk: int) -> tuple[int, int, int]:
     """``(BR, BI, num_warps)`` of :func:`_token_inputs`: one slice of the head chunk per loop
     step, the whole chunk up to 16k weights (one round trip to memory for a latency-bound
     launch of N·Hk programs)."""
-    block_r = triton.next_power_of_2(pairs)
-    block_i = min(triton.next_power_of_2(chunk), max(16, 16384 // block_r))
+    block_r = next_power_of_2(pairs)
+    block_i = min(next_power_of_2(chunk), max(16, 16384 // block_r))
     if interpreting():
         block_i = min(block_i, 8)  # the loop over slices stays tested
     return block_r, block_i, 8 if block_i * block_r >= 8192 else 4
 
 
-@torch.library.custom_op("srope::selective_rope_decode", mutates_args=())
+@kernel_op("srope::selective_rope_decode")
 def _decode_op(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -271,7 +271,7 @@ def _decode_op(
         gate = u if gate_bias is None else gate_bias.contiguous()
         chunk, width_first = first.shape[1], first.shape[2]
         _, block_i, warps = _inputs_tile(pairs, chunk)
-        inputs = dict(FROM_X=True, I=chunk, M=width_first, BH=triton.next_power_of_2(key_heads), BI=block_i, X64=u.dtype == torch.float64)
+        inputs = dict(FROM_X=True, I=chunk, M=width_first, BH=next_power_of_2(key_heads), BI=block_i, X64=u.dtype == torch.float64)
     else:
         u = u.contiguous()
         gate_kind = GATE_NONE if gate is None else (GATE_CHANNEL if gate.numel() == count * key_heads * pairs else GATE_HEAD)
@@ -289,8 +289,8 @@ def _decode_op(
                 conv_state.stride(0), conv_state.stride(1), 0 if from_x else gate.stride(0),
                 pairs if temperature.dim() == 2 else 0, x.stride(0) if from_x else 0,
                 Hk=key_heads, G=heads // key_heads, R=pairs, P=rest, W=width,
-                BR=triton.next_power_of_2(pairs), BP=triton.next_power_of_2(max(rest, 1)),
-                BW=triton.next_power_of_2(width), SILU=silu, HAS_CONV_BIAS=conv_bias is not None,
+                BR=next_power_of_2(pairs), BP=next_power_of_2(max(rest, 1)),
+                BW=next_power_of_2(width), SILU=silu, HAS_CONV_BIAS=conv_bias is not None,
                 HAS_BIAS=bias is not None, GATE=gate_kind,
                 F64=any(t.dtype == torch.float64 for t in (q, k, u, temperature)),
                 PRECISE=not interpreting(), num_warps=warps, **inputs, **pdl(q),
