@@ -60,8 +60,8 @@ RENAMES = (
 
 # Names left out of the kernel module: srope's fixed-RoPE kernels (fla has its own rotary).
 KERNELS_LEFT_OUT = {"rope_fwd_kernel", "rope_bwd_kernel", "_rope_angles"}
-# Decorators that belong to srope's torch.library registration, not to the functions.
-DROPPED_DECORATORS = ("torch.library.custom_op", "_guarded")
+# Decorators that belong to srope's torch.library registration (KernelOp), not to the functions.
+DROPPED_DECORATORS = ("kernel_op", "_guarded")
 
 
 class Step:

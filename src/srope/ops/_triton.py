@@ -17,9 +17,15 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
+# Triton reads the flag when it decorates a kernel, which srope's modules do on import: read
+# here once too (a launch asks several times, and an environment lookup is a Python call).
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """True when Triton runs srope's kernels in its CPU interpreter (``TRITON_INTERPRET=1`` when
+    srope's kernels were imported)."""
+    return _INTERPRETING
 
 
 PDL_ENV = "SROPE_PDL"
@@ -135,7 +141,8 @@ def _traced(args) -> bool:
     a tensor subclass (fake, functional, DTensor). Those must see the op."""
     if torch.compiler.is_compiling() or _dispatch_mode() is not None:
         return True
-    return any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter for a in args)
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)  # tracers make every tensor one kind
+    return first is not None and type(first) is not torch.Tensor and type(first) is not torch.nn.Parameter
 
 
 def kernel_op(name: str):

@@ -13,13 +13,12 @@ import functools
 import os
 
 import torch
-import triton
 
 from fla.ops.selective_rope import kernels
 from fla.ops.utils.index import prepare_chunk_offsets
 from fla.utils import autocast_custom_bwd, autocast_custom_fwd, input_guard
 
-# @srope srope.ops._triton interpreting PDL_ENV _pdl_capable pdl
+# @srope srope.ops._triton _INTERPRETING interpreting PDL_ENV _pdl_capable pdl cdiv next_power_of_2
 # @srope srope.ops.rotary.chunk SCAN_ELEMENTS TILE_ELEMENTS MAX_SUB_T INTERPRET_SUB_T LIGHT_ELEMENTS NO_SPILL FAST_SCAN_DTYPES _interpreted_tile _tile _scan_tile _light_tile _no_spill default_block_t _check_block_t _last_dim_contiguous _bth _meta _selective_meta chunk_tables selective_rope_fwd selective_rope_bwd _selective_setup _selective_backward
 
 
