@@ -10,6 +10,7 @@ from srope.lab.config import apply_overrides
 from srope.lab.overrides import parse_assignments
 from srope.lab.tasks.common import (
     IGNORE,
+    ArrayStream,
     ClassCounts,
     cached_arrays,
     default_cache_dir,
@@ -135,3 +136,71 @@ def test_cuda_graph_is_checked_and_on_needs_cuda(tmp_path):
             run_synthetic("state_tracking", gru_factory, out=tmp_path / "run", overrides={"train_size": 16, "eval_size": 8, "train_len": 4, "eval_len": 6, "cuda_graph": "on",
                           "model.hidden_size": 8}, cache_dir=None, progress=False, plot=False)  # fmt: skip
         assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+def _stream(shuffle: bool, equal_counts: bool, batch_size: int = 4):
+    rng = np.random.default_rng(5)
+    inputs = rng.integers(0, 9000, size=(11, 6))
+    targets = np.full((11, 6), IGNORE)
+    for row in range(11):  # two targets a row, or one to three
+        count = 2 if equal_counts else 1 + row % 3
+        targets[row, rng.choice(6, size=count, replace=False)] = rng.integers(0, 9000, size=count)
+    return ArrayStream(inputs, targets, batch_size, shuffle=shuffle)
+
+
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "in-order"])
+@pytest.mark.parametrize("equal_counts", [True, False], ids=["equal-targets", "varying-targets"])
+@pytest.mark.parametrize("start", [0, 2])
+def test_device_epoch_gives_the_host_batches(shuffle, equal_counts, start):
+    """The batches gathered from the resident arrays equal the host's, the last short one and a
+    resumed epoch's rest included; so do the scored positions, formed on the device where every
+    row has as many targets and found on the host otherwise; the RNG advances alike."""
+    from srope.lab.tasks.training import scored_positions
+
+    stream = _stream(shuffle, equal_counts)
+    host_rng, device_rng = np.random.default_rng(7), np.random.default_rng(7)
+    host = list(stream.epoch(0, host_rng, start=start))
+    device = list(stream.device_epoch(0, device_rng, torch.device("cpu"), start=start, scored=True))
+    assert len(host) == len(device) == 3 - start
+    for (x_np, y_np), (x, y, scored) in zip(host, device):
+        assert x.dtype == y.dtype == scored.dtype == torch.int64
+        assert torch.equal(x, torch.as_tensor(x_np)) and torch.equal(y, torch.as_tensor(y_np))
+        assert torch.equal(scored, scored_positions(y_np, torch.device("cpu")))
+    assert host_rng.bit_generator.state == device_rng.bit_generator.state
+    assert (stream._on[1][2] is None) == (not equal_counts)
+    assert all(len(batch) == 2 for batch in stream.device_epoch(0, np.random.default_rng(7), torch.device("cpu")))
+
+
+def test_resident_arrays_take_the_narrowest_integer_type_that_holds_them():
+    from srope.lab.tasks.common import _resident_array
+
+    cpu = torch.device("cpu")
+    for values, kind in (([-100, 8191], torch.int16), ([-40000, 3], torch.int32), ([0, 2**40], torch.int64)):
+        array = np.array(values, dtype=np.int64)
+        narrowed = _resident_array(array, cpu, narrow=True)
+        assert narrowed.dtype == kind and narrowed.tolist() == values
+    shared = np.arange(4)
+    assert _resident_array(shared, cpu).data_ptr() == shared.ctypes.data  # the CPU keeps the array itself
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_batches_reach_the_gpu_without_waiting_for_it():
+    """Once the arrays are resident, an epoch's batches (order upload included) and a sampled
+    task's host batches (pinned, non-blocking) make no host sync, and equal the host's."""
+    from srope.lab.tasks.common import to_device
+
+    cuda = torch.device("cuda")
+    stream = _stream(True, True)
+    list(stream.device_epoch(0, np.random.default_rng(1), cuda, scored=True))  # the one upload of the arrays
+    host = list(stream.epoch(1, np.random.default_rng(2)))
+    sampled = np.arange(12).reshape(3, 4)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        device = list(stream.device_epoch(1, np.random.default_rng(2), cuda, scored=True))
+        uploaded = to_device(sampled, cuda)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for (x_np, y_np), (x, y, _) in zip(host, device, strict=True):
+        assert torch.equal(x.cpu(), torch.as_tensor(x_np)) and torch.equal(y.cpu(), torch.as_tensor(y_np))
+    assert torch.equal(uploaded.cpu(), torch.as_tensor(sampled))

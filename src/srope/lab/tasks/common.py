@@ -296,16 +296,82 @@ class ArrayStream:
         if inputs.shape != targets.shape or inputs.ndim != 2:
             raise ValueError(f"inputs and targets must both be [N, T], got {inputs.shape} and {targets.shape}")
         self.inputs, self.targets, self.batch_size, self.shuffle = inputs, targets, int(batch_size), shuffle
+        self._on = None  # (device, scored) and the arrays there (:meth:`_resident`)
 
     @property
     def steps_per_epoch(self) -> int:
         return math.ceil(len(self.inputs) / self.batch_size)
 
     def epoch(self, epoch: int, rng: np.random.Generator, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        order = rng.permutation(len(self.inputs)) if self.shuffle else np.arange(len(self.inputs))
+        order = self._order(rng)
         for begin in range(start * self.batch_size, len(order), self.batch_size):
             index = order[begin : begin + self.batch_size]
             yield self.inputs[index].astype(np.int64), self.targets[index].astype(np.int64)
+
+    def _order(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.permutation(len(self.inputs)) if self.shuffle else np.arange(len(self.inputs))
+
+    def device_epoch(self, epoch: int, rng: np.random.Generator, device: torch.device, start: int = 0,
+                     scored: bool = False) -> Iterator[tuple[torch.Tensor, ...]]:
+        """:meth:`epoch`'s batches (the same order from the same ``rng``) as int64 tensors on
+        ``device``, gathered there from copies of the arrays kept on it: one transfer per epoch
+        (its order) instead of one per batch. A copy from pageable host memory waits for the
+        device to finish its queued work, so a step fed from the host could never be queued
+        while the previous one runs. ``scored``: each batch also brings the flat indices of its
+        positions with a target (as :func:`srope.lab.tasks.training.scored_positions` finds them
+        on the host), formed on the device where every row has as many targets."""
+        inputs, targets, positions = self._resident(torch.device(device), scored)
+        host_order = self._order(rng)
+        order = to_device(host_order, device)
+        rows = torch.arange(self.batch_size, device=device)[:, None] * self.inputs.shape[1]
+        for begin in range(start * self.batch_size, len(order), self.batch_size):
+            index = order[begin : begin + self.batch_size]
+            batch = (inputs.index_select(0, index).long(), targets.index_select(0, index).long())
+            if scored and positions is not None:
+                batch += ((rows[: len(index)] + positions.index_select(0, index)).flatten(),)
+            elif scored:  # rows with different counts of targets: a data-dependent size, found on the host
+                flat = np.flatnonzero(self.targets[host_order[begin : begin + self.batch_size]].reshape(-1) != IGNORE)
+                batch += (to_device(flat, device),)
+            yield batch
+
+    def _resident(self, device: torch.device, scored: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The arrays on ``device`` (the narrowest integer type that holds them; on the CPU the
+        arrays themselves) and, with ``scored``, each row's target positions ``[N, K]``."""
+        key = (device, scored)
+        if self._on is None or self._on[0] != key:
+            self._on = (key, (*(_resident_array(a, device) for a in (self.inputs, self.targets)), self._target_positions(device, scored)))
+        return self._on[1]
+
+    def _target_positions(self, device: torch.device, scored: bool) -> torch.Tensor | None:
+        if not scored:
+            return None
+        mask = self.targets != IGNORE
+        counts = mask.sum(axis=1)
+        if len(counts) == 0 or (counts != counts[0]).any():
+            return None
+        return _resident_array(np.nonzero(mask)[1].reshape(len(counts), int(counts[0])), device)
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host batch on ``device``. To a GPU through pinned memory without waiting: a copy from
+    pageable memory first waits for the device to finish its queued work, which would keep the
+    host from preparing the next batch while a step runs. (PyTorch's pinned-memory cache keeps
+    the staging block until the copy is done.)"""
+    if device.type != "cuda":
+        return torch.as_tensor(array, device=device)
+    return torch.from_numpy(np.ascontiguousarray(array)).pin_memory().to(device, non_blocking=True)
+
+
+def _resident_array(array: np.ndarray, device: torch.device, narrow: bool | None = None) -> torch.Tensor:
+    """``array`` on ``device``: in the narrowest of int16, int32 and its own type that holds its
+    values (``narrow``, by default off the CPU), else as it is (on the CPU without a copy)."""
+    if not (device.type != "cpu" if narrow is None else narrow):
+        return torch.as_tensor(np.ascontiguousarray(array), device=device)
+    for kind in (np.int16, np.int32):
+        info = np.iinfo(kind)
+        if array.size == 0 or (int(array.min()) >= info.min and int(array.max()) <= info.max):
+            return torch.as_tensor(array.astype(kind), device=device)
+    return torch.as_tensor(array, device=device)
 
 
 class SampledStream:

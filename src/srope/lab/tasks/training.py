@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from srope.lab.schedule import task_schedule
 from srope.lab.tasks import numerics
-from srope.lab.tasks.common import IGNORE, ModelRequest, Prepared, Setting, rng_for
+from srope.lab.tasks.common import IGNORE, ArrayStream, ModelRequest, Prepared, Setting, rng_for, to_device
 from srope.lab.tasks.numerics import autocast
 from srope.lab.tasks.presets import get_task
 from srope.lab.train.checkpoint import CheckpointError
@@ -107,9 +107,9 @@ def task_loss(model: nn.Module, vocab: int, device: torch.device, precision: str
 
 
 def scored_positions(targets: np.ndarray, device: torch.device) -> torch.Tensor:
-    """The flat indices of the positions that have targets, from the batch's host copy (so
-    nothing waits on the device)."""
-    return torch.as_tensor(np.flatnonzero(targets.reshape(-1) != IGNORE), device=device)
+    """The flat indices of the positions that have targets, from the batch's host copy (their
+    count is data-dependent: found on the device, it would be a wait for the device)."""
+    return to_device(np.flatnonzero(targets.reshape(-1) != IGNORE), device)
 
 
 def _scalars(metrics: dict) -> dict:
@@ -211,13 +211,20 @@ class TaskTrainer(Trainer):
 
     def batches(self):
         """The rest of the current epoch's batches, ``(step, x, y[, scored])``, up to the run's last step."""
-        for x_np, y_np in self.prepared.train.epoch(self.epoch, self.shuffle_rng, start=self.position):
+        stream = self.prepared.train
+        if isinstance(stream, ArrayStream):
+            batches = stream.device_epoch(self.epoch, self.shuffle_rng, self.device, start=self.position, scored=self.at_targets)
+        else:
+            batches = self._uploaded(stream.epoch(self.epoch, self.shuffle_rng, start=self.position))
+        for batch in batches:
             if self.step >= self.total:
                 return
-            batch = (torch.as_tensor(x_np, device=self.device), torch.as_tensor(y_np, device=self.device))
-            if self.at_targets:
-                batch += (scored_positions(y_np, self.device),)
             yield self.step, *batch
+
+    def _uploaded(self, host_batches):
+        for x_np, y_np in host_batches:
+            batch = (to_device(x_np, self.device), to_device(y_np, self.device))
+            yield batch + ((scored_positions(y_np, self.device),) if self.at_targets else ())
 
     def after_step(self, _: int, loss: torch.Tensor) -> str | None:
         cfg = self.cfg
