@@ -15,6 +15,7 @@ from srope.lab.demo.config import GROUP, DemoConfig
 from srope.lab.demo.data import train_batches
 from srope.lab.demo.model import build_model
 from srope.lab.tasks import state_tracking
+from srope.lab.tasks.common import to_device
 from srope.lab.tasks.groups import get_group
 from srope.lab.trainer import Hook, Trainer
 
@@ -52,10 +53,9 @@ def make_trainer(model: torch.nn.Module, config: DemoConfig, device: torch.devic
 
 def device_batches(config: DemoConfig, seed: int, device: torch.device):
     """:func:`train_batches` as int64 tensors on ``device`` (a captured step copies them into
-    the graph's inputs on the device)."""
+    the graph's inputs on the device), uploaded without waiting for the device (:func:`to_device`)."""
     for step, inputs, targets in train_batches(config, seed):
-        yield (step, torch.as_tensor(inputs.astype(np.int64)).to(device, non_blocking=True),
-               torch.as_tensor(targets.astype(np.int64)).to(device, non_blocking=True))
+        yield step, to_device(inputs.astype(np.int64), device), to_device(targets.astype(np.int64), device)
 
 
 def make_optimizer(model: torch.nn.Module, config: DemoConfig) -> torch.optim.AdamW:
