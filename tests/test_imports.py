@@ -102,3 +102,19 @@ def test_benchmarks_never_import_the_tests():
             if any(name == "tests" or name.startswith("tests.") for name in names):
                 wrong.setdefault(path.name, []).extend(names)
     assert not wrong, wrong
+
+
+def test_the_layers_import_without_the_compiler_or_transformers():
+    """A model of one's own with srope's layers pays neither torch.compile's machinery (about a
+    second) nor transformers until it asks for them; the one compiler hint srope sets at import
+    is the mark torch's own decorator sets."""
+    code = ("import srope.layers, srope.ops, sys; "
+            "print(sorted(m for m in ('torch._dynamo', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=SRC, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+    import torch
+
+    from srope.ops.mixers._common import host_constant
+
+    ours, torchs = host_constant(lambda: 0), torch.compiler.assume_constant_result(lambda: 0)
+    assert vars(ours) == vars(torchs) == {"_dynamo_marked_constant": True}

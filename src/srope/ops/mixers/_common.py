@@ -28,7 +28,16 @@ FUSED_RECURRENT_MAX_T = 64  # fla's layers switch to the fused recurrent kernels
 _warned: set[str] = set()
 
 
-@torch.compiler.assume_constant_result
+def host_constant(fn):
+    """``torch.compiler.assume_constant_result``: torch.compile calls ``fn`` on the host while it
+    traces and keeps its result as a constant. Set here as the mark torch's decorator sets
+    (``tests/test_imports.py`` holds the two equal), because torch's imports
+    ``torch._dynamo``, about a second of every process's start, for programs that never compile."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@host_constant
 def warn_once(key: str, message: str) -> None:
     """Issue ``message`` once per process (``key`` identifies it). Under torch.compile it runs
     on the host while tracing (dynamo cannot trace ``warnings.warn``: a graph break at
@@ -125,7 +134,7 @@ def _import_fla() -> tuple[SimpleNamespace | None, str | None]:
     )}, swiglu=swiglu), None  # fmt: skip
 
 
-@torch.compiler.assume_constant_result  # the import runs on the host, also when a compiled call comes first
+@host_constant  # the import runs on the host, also when a compiled call comes first
 def _fla_importable() -> bool:
     return _load_fla()[0] is not None
 
@@ -139,7 +148,7 @@ def fla_available() -> bool:
     return fla_ops() is not None
 
 
-@torch.compiler.assume_constant_result  # host-side: torch.compile evaluates it once per trace
+@host_constant  # host-side: torch.compile evaluates it once per trace
 def resolve_backend(backend: str, device: torch.device, not_applicable: str | None = None) -> str:
     """``"fla"`` or ``"torch"`` for this call.
 
@@ -200,7 +209,7 @@ def gated_backward_broken_for(capability: tuple[int, int], device_name: str, tri
     return hopper and (3, 4, 0) <= _version_tuple(triton_version) < (3, 7, 1)
 
 
-@torch.compiler.assume_constant_result
+@host_constant
 def fla_gated_backward_is_broken(device: torch.device | str | int | None = None) -> bool:
     """True where fla's gated chunk backward (``chunk_gated_delta_rule``) refuses to run
     because it would compute wrong gradients (fla #640): Hopper GPUs with
