@@ -95,13 +95,17 @@ def test_compile_sees_the_ops():
     assert torch.equal(a.grad, reference[2]) and torch.equal(b.grad, reference[3])
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
 def test_tracing_sees_the_ops_forward_and_backward():
     """make_fx (a dispatch mode, no torch.compile) records the ops, not their launches; so
-    does the backward traced by aot_autograd through the op's formula (opcheck)."""
+    does the backward traced by aot_autograd through the op's formula (opcheck), and
+    torch.jit.trace."""
     a, b = (t.detach() for t in _inputs())
     graph = make_fx(lambda a, b: _scaled_sum(a, b, 0.5)[0])(a, b)
     assert "srope_test.scaled_sum" in graph.code
     torch.library.opcheck(_scaled_sum.op, (*_inputs(), 0.5))
+    traced = torch.jit.trace(lambda a, b: _scaled_sum(a, b, 0.5)[0], (a, b))
+    assert "srope_test::scaled_sum" in str(traced.graph)
 
 
 def test_no_grad_and_kwargs():

@@ -137,9 +137,9 @@ class KernelOp:
 
 def _traced(args) -> bool:
     """Whether a call is being traced rather than run: under ``torch.compile`` or ``export``,
-    inside a dispatch mode (``make_fx``, ``aot_function``, ``opcheck``, a FLOP counter), or on
-    a tensor subclass (fake, functional, DTensor). Those must see the op."""
-    if torch.compiler.is_compiling() or _dispatch_mode() is not None:
+    ``torch.jit.trace``, inside a dispatch mode (``make_fx``, ``aot_function``, ``opcheck``, a
+    FLOP counter), or on a tensor subclass (fake, functional, DTensor). Those must see the op."""
+    if torch.compiler.is_compiling() or _dispatch_mode() is not None or torch.jit.is_tracing():
         return True
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)  # tracers make every tensor one kind
     return first is not None and type(first) is not torch.Tensor and type(first) is not torch.nn.Parameter
