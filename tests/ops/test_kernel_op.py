@@ -97,9 +97,8 @@ def test_compile_sees_the_ops():
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
 def test_tracing_sees_the_ops_forward_and_backward():
-    """make_fx (a dispatch mode, no torch.compile) records the ops, not their launches; so
-    does the backward traced by aot_autograd through the op's formula (opcheck), and
-    torch.jit.trace."""
+    """make_fx (a dispatch mode, no torch.compile) and torch.jit.trace record the ops, not
+    their launches; opcheck's checks of the op pass."""
     a, b = (t.detach() for t in _inputs())
     graph = make_fx(lambda a, b: _scaled_sum(a, b, 0.5)[0])(a, b)
     assert "srope_test.scaled_sum" in graph.code
@@ -108,14 +107,43 @@ def test_tracing_sees_the_ops_forward_and_backward():
     assert "srope_test::scaled_sum" in str(traced.graph)
 
 
-def test_no_grad_and_kwargs():
+def test_no_grad_keywords_and_an_op_without_autograd():
     a, b = _inputs()
     with torch.no_grad():
         out, _ = _scaled_sum(a, b, 0.5)
     assert out.grad_fn is None and torch.equal(out, (a + b) * 0.5)
-    with pytest.raises(TypeError, match="positional arguments only"):
-        _scaled_sum(a, b, scale=0.5)
-    assert torch.equal(_scaled_sum_bwd(a, a, b, scale=2.0)[0], a * 2.0)  # no autograd: keywords pass
+    by_name, _ = _scaled_sum(a, b=b, scale=0.5)  # bound to the op's signature, as the op binds it
+    assert by_name.grad_fn.name() == "scaled_sumBackward" and torch.equal(by_name, out)
+    with torch.no_grad():
+        assert torch.equal(_scaled_sum_bwd(a, a, b, scale=2.0)[0], a * 2.0)
+    # without autograd of its own, a call that could record a graph takes the op, whose outputs
+    # refuse a backward instead of silently giving no gradient
+    da, _ = _scaled_sum_bwd(a, a, b, 2.0)
+    with pytest.raises(RuntimeError, match="autograd"):
+        da.sum().backward()
+
+
+def test_fx_symbolic_trace_records_the_op():
+    graph = torch.fx.symbolic_trace(lambda a, b: _scaled_sum(a, b, 0.5)[0])
+    assert "srope_test.scaled_sum" in graph.code
+
+
+def test_aot_autograd_traces_the_backward_through_the_ops():
+    from functorch.compile import aot_function, make_boxed_func
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm.code
+            return make_boxed_func(gm)
+
+        return compiler
+
+    compiled = aot_function(lambda a, b: _scaled_sum(a, b, 0.5)[0].square().sum(), fw_compiler=keep("forward"),
+                            bw_compiler=keep("backward"))
+    compiled(*_inputs()).backward()
+    assert "srope_test.scaled_sum." in graphs["forward"] and "srope_test.scaled_sum_bwd" in graphs["backward"]
 
 
 def test_host_integer_helpers_equal_tritons():

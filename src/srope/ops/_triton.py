@@ -7,24 +7,26 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 
 import torch
 import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
+from torch.overrides import has_torch_function
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
-# Triton reads the flag when it decorates a kernel, which srope's modules do on import: read
-# here once too (a launch asks several times, and an environment lookup is a Python call).
+# Triton reads the flag when it decorates a kernel, on import: read here once too (a launch
+# asks several times, and an environment lookup is a Python call).
 _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def interpreting() -> bool:
-    """True when Triton runs srope's kernels in its CPU interpreter (``TRITON_INTERPRET=1`` when
-    srope's kernels were imported)."""
+    """True when Triton runs the kernels in its CPU interpreter (``TRITON_INTERPRET=1`` when
+    they were imported)."""
     return _INTERPRETING
 
 
@@ -90,14 +92,18 @@ class KernelOp:
     With :meth:`register_autograd`, the eager route is a ``torch.autograd.Function`` built
     from the same ``setup_context`` and backward: one formula for both routes, whose backward
     (traced by ``torch.compile`` through the op, run eagerly through the Function) reaches
-    other KernelOps, which route themselves the same way. The op itself is ``.op`` (what
+    other KernelOps, which route themselves the same way. An op without autograd called on
+    inputs that require gradients also takes the op, whose outputs then refuse a backward as
+    before (rather than silently carrying none). The op itself is ``.op`` (what
     ``torch.library.opcheck`` takes).
     """
 
     def __init__(self, name: str, fn):
         self.fn = fn
         self.op = torch.library.custom_op(name, mutates_args=())(fn)
-        self._eager = fn
+        self._direct = None  # the Function's apply, with register_autograd
+        self._signature = inspect.signature(fn)
+        self._arity = len(self._signature.parameters)
         functools.update_wrapper(self, fn)
 
     def register_fake(self, fake):
@@ -122,27 +128,33 @@ class KernelOp:
         # named after the launch function, so that profiles and grad_fn say which op it is
         Direct = type(fn.__name__.strip("_"), (torch.autograd.Function,),
                       {"forward": staticmethod(forward), "backward": staticmethod(direct_backward)})
-        self._eager = Direct.apply
-        self._positional = True
-
-    _positional = False  # Function.apply takes positional arguments only
+        self._direct = Direct.apply
 
     def __call__(self, *args, **kwargs):
-        if _traced(args):
+        if _traced(args, kwargs):
             return self.op(*args, **kwargs)
-        if kwargs and self._positional:
-            raise TypeError(f"{self.fn.__name__} takes positional arguments only")
-        return self._eager(*args, **kwargs)
+        if self._direct is None:
+            if torch.is_grad_enabled() and torch._C._any_requires_grad(*args, *kwargs.values()):
+                return self.op(*args, **kwargs)
+            return self.fn(*args, **kwargs)
+        if kwargs or len(args) < self._arity:  # the setup sees every argument, as the op's does
+            bound = self._signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            args = bound.args
+        return self._direct(*args)
 
 
-def _traced(args) -> bool:
+def _traced(args, kwargs) -> bool:
     """Whether a call is being traced rather than run: under ``torch.compile`` or ``export``,
     ``torch.jit.trace``, inside a dispatch mode (``make_fx``, ``aot_function``, ``opcheck``, a
-    FLOP counter), or on a tensor subclass (fake, functional, DTensor). Those must see the op."""
+    FLOP counter), on objects that take part in ``__torch_function__`` (``torch.fx`` proxies),
+    or on tensor subclasses (fake, functional, DTensor). Those must see the op."""
     if torch.compiler.is_compiling() or _dispatch_mode() is not None or torch.jit.is_tracing():
         return True
-    first = next((a for a in args if isinstance(a, torch.Tensor)), None)  # tracers make every tensor one kind
-    return first is not None and type(first) is not torch.Tensor and type(first) is not torch.nn.Parameter
+    values = (*args, *kwargs.values()) if kwargs else args
+    if has_torch_function(values):
+        return True
+    return any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter for a in values)
 
 
 def kernel_op(name: str):

@@ -151,12 +151,19 @@ def _stream(shuffle: bool, equal_counts: bool, batch_size: int = 4):
 @pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "in-order"])
 @pytest.mark.parametrize("equal_counts", [True, False], ids=["equal-targets", "varying-targets"])
 @pytest.mark.parametrize("start", [0, 2])
-def test_device_epoch_gives_the_host_batches(shuffle, equal_counts, start):
+@pytest.mark.parametrize("narrow", [False, True], ids=["as-is", "narrowed"])
+def test_device_epoch_gives_the_host_batches(shuffle, equal_counts, start, narrow, monkeypatch):
     """The batches gathered from the resident arrays equal the host's, the last short one and a
     resumed epoch's rest included; so do the scored positions, formed on the device where every
-    row has as many targets and found on the host otherwise; the RNG advances alike."""
+    row has as many targets and found on the host otherwise; the RNG advances alike. Narrowed:
+    the arrays and positions held as a GPU holds them (int16 here, IGNORE included)."""
+    import functools
+
+    from srope.lab.tasks import common
     from srope.lab.tasks.training import scored_positions
 
+    if narrow:
+        monkeypatch.setattr(common, "_resident_array", functools.partial(common._resident_array, narrow=True))
     stream = _stream(shuffle, equal_counts)
     host_rng, device_rng = np.random.default_rng(7), np.random.default_rng(7)
     host = list(stream.epoch(0, host_rng, start=start))
@@ -168,6 +175,7 @@ def test_device_epoch_gives_the_host_batches(shuffle, equal_counts, start):
         assert torch.equal(scored, scored_positions(y_np, torch.device("cpu")))
     assert host_rng.bit_generator.state == device_rng.bit_generator.state
     assert (stream._on[1][2] is None) == (not equal_counts)
+    assert stream._on[1][0].dtype == (torch.int16 if narrow else torch.int64)
     assert all(len(batch) == 2 for batch in stream.device_epoch(0, np.random.default_rng(7), torch.device("cpu")))
 
 
@@ -179,6 +187,7 @@ def test_resident_arrays_take_the_narrowest_integer_type_that_holds_them():
         array = np.array(values, dtype=np.int64)
         narrowed = _resident_array(array, cpu, narrow=True)
         assert narrowed.dtype == kind and narrowed.tolist() == values
+    assert _resident_array(np.array([0, 255], dtype=np.uint8), cpu, narrow=True).dtype == torch.uint8  # never widened
     shared = np.arange(4)
     assert _resident_array(shared, cpu).data_ptr() == shared.ctypes.data  # the CPU keeps the array itself
 
@@ -186,21 +195,33 @@ def test_resident_arrays_take_the_narrowest_integer_type_that_holds_them():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_batches_reach_the_gpu_without_waiting_for_it():
-    """Once the arrays are resident, an epoch's batches (order upload included) and a sampled
-    task's host batches (pinned, non-blocking) make no host sync, and equal the host's."""
+    """Once the arrays are resident, an epoch's batches (order upload included) make no host sync
+    and equal the host's, scored positions included; a sampled task's host batch is uploaded
+    while the device is still busy (a pageable copy would wait for it)."""
+    import time
+
     from srope.lab.tasks.common import to_device
+    from srope.lab.tasks.training import scored_positions
 
     cuda = torch.device("cuda")
     stream = _stream(True, True)
     list(stream.device_epoch(0, np.random.default_rng(1), cuda, scored=True))  # the one upload of the arrays
     host = list(stream.epoch(1, np.random.default_rng(2)))
-    sampled = np.arange(12).reshape(3, 4)
     torch.cuda.set_sync_debug_mode("error")
     try:
         device = list(stream.device_epoch(1, np.random.default_rng(2), cuda, scored=True))
-        uploaded = to_device(sampled, cuda)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    for (x_np, y_np), (x, y, _) in zip(host, device, strict=True):
+    for (x_np, y_np), (x, y, scored) in zip(host, device, strict=True):
         assert torch.equal(x.cpu(), torch.as_tensor(x_np)) and torch.equal(y.cpu(), torch.as_tensor(y_np))
+        assert torch.equal(scored.cpu(), scored_positions(y_np, torch.device("cpu")))
+    sampled = np.arange(4096 * 64).reshape(64, 4096)
+    to_device(sampled, cuda)  # the pinned block cached
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of a busy stream
+    began = time.perf_counter()
+    uploaded = to_device(sampled, cuda)
+    returned = time.perf_counter() - began
+    torch.cuda.synchronize()
+    assert returned < 0.2, f"to_device waited {returned:.2f} s for the busy device"
     assert torch.equal(uploaded.cpu(), torch.as_tensor(sampled))

@@ -320,7 +320,8 @@ class ArrayStream:
         while the previous one runs. ``scored``: each batch also brings the flat indices of its
         positions with a target (as :func:`srope.lab.tasks.training.scored_positions` finds them
         on the host), formed on the device where every row has as many targets."""
-        inputs, targets, positions = self._resident(torch.device(device), scored)
+        device = torch.device(device)
+        inputs, targets, positions = self._resident(device, scored)
         host_order = self._order(rng)
         order = to_device(host_order, device)
         rows = torch.arange(self.batch_size, device=device)[:, None] * self.inputs.shape[1]
@@ -363,9 +364,10 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 def _resident_array(array: np.ndarray, device: torch.device, narrow: bool | None = None) -> torch.Tensor:
-    """``array`` on ``device``: in the narrowest of int16, int32 and its own type that holds its
-    values (``narrow``, by default off the CPU), else as it is (on the CPU without a copy)."""
-    if not (device.type != "cpu" if narrow is None else narrow):
+    """``array`` on ``device``: a wider integer array in the narrowest of int16 and int32 that holds
+    its values (``narrow``, by default off the CPU), else as it is (on the CPU without a copy)."""
+    small = np.issubdtype(array.dtype, np.integer) and array.dtype.itemsize <= 2
+    if small or not (device.type != "cpu" if narrow is None else narrow):
         return torch.as_tensor(np.ascontiguousarray(array), device=device)
     for kind in (np.int16, np.int32):
         info = np.iinfo(kind)

@@ -4,7 +4,7 @@
 ``backend="triton"``; they take already-validated inputs. The forward and backward of
 each are ``torch.library.custom_op`` s with fake (meta) implementations, and autograd is
 registered on the forward op, so ``torch.compile`` keeps them in its graph without a
-break. (``triton_op`` would let inductor see inside, but under ``TRITON_INTERPRET=1``
+break; eager calls run the same launches without the dispatcher (:class:`srope.ops._triton.KernelOp`). (``triton_op`` would let inductor see inside, but under ``TRITON_INTERPRET=1``
 its fake tensors reach the interpreted kernels, so nothing could be tested on the CPU;
 the kernels are already fused, so there is nothing for inductor to gain.) Nothing here
 waits for the GPU: packed-batch chunk tables are built on the device with a static upper
