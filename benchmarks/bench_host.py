@@ -139,8 +139,17 @@ def build_cases() -> dict:
                 out = layer(x)[0]
             out.float().sum().backward()
 
+        q_in, k_in = (torch.randn(1, length, 4, hidden // 8, device=dev, requires_grad=True) for _ in range(2))
+
+        def module(encoding=layer.position):  # as bench_host_cpu.py times it on a CPU, launches included here
+            with torch.autocast("cuda", torch.bfloat16):
+                x_cast = encoding.host_input(x)
+                q_rot, k_rot, _ = encoding(q_in, k_in, x, x_cast=x_cast)
+            (q_rot.float().sum() + k_rot.float().sum() + x_cast.float().sum()).backward()
+
         cases[f"GLA layer {name}: forward (no grad)"] = fwd
         cases[f"GLA layer {name}: forward + backward"] = fwd_bwd
+        cases[f"module {name}: host_input + call + backward"] = module
         if name == "selective_rope":
             pe = layer.position
 
