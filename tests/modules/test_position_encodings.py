@@ -463,10 +463,10 @@ def test_the_hosts_cast_is_shared(kind, options, device):
     """Under autocast the host's maps read ``position.host_input(x)``: x cast once (bitwise
     autocast's cast), handed back to the encoding as ``x_cast``. Selective RoPE writes that copy
     in its projection's pass over x, keeps the projection for the forward that follows, and its
-    backward adds the maps' gradient into dx. The rotated q and k are bitwise those of the plain
-    cast without sharing, and x's gradient through both the host's map and the rotation equal up
-    to one rounding: the normalisation's -r²(dy·y)·x term then reads x rounded to bf16, as its
-    products do."""
+    backward adds the maps' gradient into dx. The rotated q and k are those of the plain cast
+    without sharing (bitwise on the CPU; on CUDA within 1e-4, see below), and x's gradient through
+    both the host's map and the rotation equal up to one rounding: the normalisation's -r²(dy·y)·x
+    term then reads x rounded to bf16, as its products do."""
     from srope.modules import PositionEncoding
 
     module = make_module(kind, options, dtype=torch.float32).to(device)
@@ -488,7 +488,14 @@ def test_the_hosts_cast_is_shared(kind, options, device):
     shared, base = run(True), run(False)
     assert shared[4] == (kind == "selective_rope") and not base[4]
     assert shared[0].dtype == torch.bfloat16 and torch.equal(shared[0], x.detach().bfloat16())
-    assert torch.equal(shared[1], base[1]) and torch.equal(shared[2], base[2])
+    if device == "cpu":
+        assert torch.equal(shared[1], base[1]) and torch.equal(shared[2], base[2])
+    else:
+        # Not bitwise on an H100 (2026-12-07, all four Selective RoPE configurations): the projection
+        # kernel's variant that also writes the cast compiles apart from the one that does not, and
+        # (presumably) sums each token's norm in another order, so the angles differ in their last
+        # bits. A wrong route would differ by O(1).
+        assert rel_err(shared[1], base[1]) < 1e-4 and rel_err(shared[2], base[2]) < 1e-4
     assert rel_err(shared[3], base[3]) < 1e-3
 
 
