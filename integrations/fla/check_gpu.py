@@ -201,8 +201,14 @@ def compare_logits(fla_model, srope_model, ids: torch.Tensor) -> dict:
     with torch.no_grad():
         for mode in ("float32", "bf16"):
             autocast = torch.autocast("cuda", dtype=torch.bfloat16) if mode == "bf16" else contextlib.nullcontext()
-            with autocast:
-                logits[mode] = [model(ids, use_cache=False).logits.float() for model in (fla_model, srope_model)]
+            logits[mode] = []
+            for name, model in (("fla", fla_model), ("srope", srope_model)):
+                began = time.perf_counter()
+                with autocast:
+                    logits[mode].append(model(ids, use_cache=False).logits.float())
+                torch.cuda.synchronize()
+                # the first call of a dtype compiles and autotunes fla's kernels: say where the time goes
+                print(f"    {name} {mode} forward: {time.perf_counter() - began:.1f} s", flush=True)
     result = {"float32": errors(logits["float32"][1], logits["float32"][0]), "bf16": errors(logits["bf16"][1], logits["bf16"][0]),
               "fla_bf16_vs_float32": errors(logits["bf16"][0], logits["float32"][0]),
               "srope_bf16_vs_float32": errors(logits["bf16"][1], logits["float32"][0])}
