@@ -178,7 +178,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--skip", type=int, default=4, help="first steps left out of the median")
     parser.add_argument("--positions", default="nope,selective_rope")
-    parser.add_argument("--modes", default="default,eager", help="default (what srope train does), eager (cuda_graph=off), compile, checkpointing (activation checkpointing)")
+    parser.add_argument("--modes", default="default,eager", help="default (what srope train does), eager (cuda_graph=off), compile, checkpointing (activation checkpointing); '' for none")
     parser.add_argument("--generate-positions", default="nope,rope,selective_rope")
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=64)
@@ -193,7 +193,7 @@ def main() -> int:
     report = {"environment": environment(), "command": " ".join(sys.argv), "args": vars(args), "train": [], "generate": []}
     if args.repeats < 1 or args.generate_repeats < 1:
         parser.error("--repeats and --generate-repeats must be >= 1")
-    train_jobs = [("train", srope_train, (args, p, m)) for m in args.modes.split(",") for p in args.positions.split(",")]
+    train_jobs = [("train", srope_train, (args, p, m)) for m in args.modes.split(",") if m for p in args.positions.split(",") if p]
     if not args.no_fla:
         train_jobs.append(("train", fla_train, (args,)))
     jobs = [(kind, fn, fn_args, round_) for round_ in range(args.repeats) for kind, fn, fn_args in train_jobs]
