@@ -206,7 +206,8 @@ def compare_logits(fla_model, srope_model, ids: torch.Tensor) -> dict:
                 began = time.perf_counter()
                 with autocast:
                     logits[mode].append(model(ids, use_cache=False).logits.float())
-                torch.cuda.synchronize()
+                if ids.is_cuda:
+                    torch.cuda.synchronize()
                 # the first call of a dtype compiles and autotunes fla's kernels: say where the time goes
                 print(f"    {name} {mode} forward: {time.perf_counter() - began:.1f} s", flush=True)
     result = {"float32": errors(logits["float32"][1], logits["float32"][0]), "bf16": errors(logits["bf16"][1], logits["bf16"][0]),
