@@ -15,6 +15,10 @@ Checks (``--only`` picks some; each has a time budget, ``--budget NAME=SECONDS``
   ``tests/``), against the installed fla.
 
 The pytest checks run in a child process that is stopped at its budget; the others look at the clock between steps.
+``--autotune first`` (the default) gives the value checks (``tests``, ``logits``, ``fla-tests``) each Triton kernel's
+first candidate configuration (``srope.lab.tasks.autotune``): every configuration computes the same values up to
+rounding, and timing dozens of candidates per new shape (fla's chunk kernels: minutes) would spend the budget before
+the checks ran. ``speed`` always autotunes fully: its numbers are the ones a user gets.
 The JSON is rewritten after every check, so a run cut short keeps what it measured.
 
     PYTHONPATH=SITE:src python integrations/fla/check_gpu.py --out out/fla-check-gpu.json [--fla-tests PATH]
@@ -39,10 +43,15 @@ from pathlib import Path
 
 import torch
 
+from srope.lab.tasks import autotune
+
 HERE = Path(__file__).resolve().parent
 SERIES_TEST = "tests/ops/test_selective_rope.py"
 FLA_GLA_TESTS = ("tests/ops/test_gla.py", "tests/models/test_modeling_gla.py")
 BUDGETS = {"tests": 90.0, "logits": 60.0, "speed": 120.0, "fla-tests": 90.0}
+VALUE_CHECKS = ("tests", "logits", "fla-tests")  # compare values: --autotune applies to them
+# a pytest child with srope's autotune mode applied before fla's kernels are imported
+PYTEST_WITH_AUTOTUNE = "import sys, pytest; from srope.lab.tasks import autotune; autotune.apply(); sys.exit(pytest.main(sys.argv[1:]))"
 # the paper's Selective RoPE (docs/fla.md's example), and options that reach the module's other parameters
 PAPER = dict(projection="full-rank", gate="standard", bias=False, spectrum="rope", theta=500000.0, max_temperature=1.0)
 OTHERS = dict(projection="low-rank", gate="per-channel", bias=True, spectrum="rfa", rotary_dim=16)
@@ -85,6 +94,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("out/fla-check-gpu.json"), help="the JSON (rewritten after every check)")
     p.add_argument("--fla-tests", type=Path, metavar="PATH", help="a checkout of fla's repository (its tests/ folder is used)")
     p.add_argument("--fla-test-files", default=",".join(FLA_GLA_TESTS), help="test files under PATH (comma-separated)")
+    p.add_argument("--autotune", choices=("first", "full"), default="first",
+                   help="Triton autotuning in the value checks (tests, logits, fla-tests): first candidate, or all (default: first)")
     p.add_argument("--preset", default="gla-370m", help="srope's preset whose shape the speed check gives fla's GLA")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--length", type=int, default=4096)
@@ -112,16 +123,19 @@ def series_test_file(folder: Path) -> Path:
     return target
 
 
-def run_pytest(files: list[Path], rootdir: Path, budget: float) -> dict:
+def run_pytest(files: list[Path], rootdir: Path, budget: float, tune: str = "full") -> dict:
     """pytest -v on ``files`` in a child process, stopped after ``budget`` seconds; the outcome of every test it ran.
     The installed fla is the one tested, never a checkout's ``fla/``: a neutral working folder, ``--import-mode=append``
-    and an empty config file (fla's pyproject.toml puts its checkout first on sys.path; srope's adds its own options)."""
+    and an empty config file (fla's pyproject.toml puts its checkout first on sys.path; srope's adds its own options).
+    ``tune``: srope's autotune mode (``srope.lab.tasks.autotune``) in the child."""
     with tempfile.TemporaryDirectory() as cwd:
         (Path(cwd) / "pytest.ini").write_text("[pytest]\n")
-        command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--import-mode=append", "-c", f"{cwd}/pytest.ini",
+        runner = ["-m", "pytest"] if tune == "full" else ["-c", PYTEST_WITH_AUTOTUNE]
+        command = [sys.executable, *runner, "-v", "-p", "no:cacheprovider", "--import-mode=append", "-c", f"{cwd}/pytest.ini",
                    "--rootdir", str(rootdir), *map(str, files)]
         try:
-            done = subprocess.run(command, cwd=cwd, env=_absolute_pythonpath(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env = _absolute_pythonpath() | {autotune.ENV: tune}
+            done = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   timeout=budget)
             output, code, timed_out = done.stdout, done.returncode, False
         except subprocess.TimeoutExpired as stopped:
@@ -144,7 +158,7 @@ def check_tests(args, budget: float) -> dict:
     _require_patched()
     with tempfile.TemporaryDirectory() as folder:
         test_file = series_test_file(Path(folder))
-        return run_pytest([test_file], Path(folder), budget)
+        return run_pytest([test_file], Path(folder), budget, args.autotune)
 
 
 def check_fla_tests(args, budget: float) -> dict:
@@ -152,7 +166,7 @@ def check_fla_tests(args, budget: float) -> dict:
     absent = [str(f) for f in files if not f.is_file()]
     if absent:
         raise ValueError(f"not in the fla checkout: {absent}")
-    return {"fla_patched": _patched(), **run_pytest(files, args.fla_tests, budget)}
+    return {"fla_patched": _patched(), **run_pytest(files, args.fla_tests, budget, args.autotune)}
 
 
 # --------------------------------------------------------------------------- logits: fla's model against srope's
@@ -386,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         began = time.perf_counter()
         print(f"{name}: budget {args.budget[name]:g} s", flush=True)
         try:
-            record = CHECKS[name](args, args.budget[name])
+            with autotune.scoped(args.autotune if name in VALUE_CHECKS else "full"):
+                record = CHECKS[name](args, args.budget[name]) | ({"autotune": args.autotune} if name in VALUE_CHECKS else {})
         except Exception as error:
             record = {"passed": False, "error": _error_text(error)}
         record["seconds"] = round(time.perf_counter() - began, 1)

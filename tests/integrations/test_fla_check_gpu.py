@@ -189,3 +189,19 @@ def test_the_child_finds_what_a_relative_pythonpath_names(check_gpu, tmp_path, m
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["site", os.environ.get("PYTHONPATH", "")]))
     result = check_gpu.run_pytest([tmp_path / "test_marker.py"], tmp_path, budget=120)
     assert result["passed"], result["tail"]
+
+
+def test_the_value_checks_child_takes_the_first_autotune_candidate(check_gpu, tmp_path, monkeypatch):
+    """``--autotune first`` reaches the pytest child: its Triton autotuner is patched before any test imports a kernel,
+    and the mode is in its environment; ``full`` leaves Triton as it is."""
+    pytest.importorskip("triton")
+    (tmp_path / "test_mode.py").write_text(
+        "import os\n"
+        "from triton.runtime import autotuner\n"
+        "def test_mode():\n"
+        "    patched = getattr(autotuner.Autotuner, '_srope_first', None) is not None\n"
+        "    assert (os.environ['SROPE_AUTOTUNE'], patched) == (os.environ['EXPECTED_MODE'], os.environ['EXPECTED_MODE'] == 'first')\n")
+    for mode in ("first", "full"):
+        monkeypatch.setenv("EXPECTED_MODE", mode)
+        result = check_gpu.run_pytest([tmp_path / "test_mode.py"], tmp_path, budget=120, tune=mode)
+        assert result["passed"] and result["tests"]["PASSED"] == 1, (mode, result["tail"])
