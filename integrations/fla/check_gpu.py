@@ -7,7 +7,8 @@ Checks (``--only`` picks some; each has a time budget, ``--budget NAME=SECONDS``
 - ``logits``: a small fla ``GLAForCausalLM`` with ``use_selective_rope`` (the paper's options, and a second set that
   reaches the module's other parameters), saved and converted by ``srope.models.convert_fla`` into srope's
   ``SRopeForCausalLM``: logits in float32 and under bf16 autocast; ``SelectiveRotaryEmbedding`` against srope's
-  ``SelectiveRoPE`` (same state_dict) with packed sequences; fla's Gated DeltaNet with the option, forward;
+  ``SelectiveRoPE`` (same state_dict) with packed sequences; fla's Gated DeltaNet with the option, forward; a training
+  step of fla's GLA with the option makes no host synchronisation (CUDA's sync debug mode), unless fla's NoPE GLA does;
 - ``speed``: training tokens/s of fla's GLA with ``use_selective_rope`` against fla's NoPE GLA at ``--preset``
   (gla-370m), B 8 x 4096: float32 weights, bf16 autocast, fla's own loss, fused AdamW, eager; the two models' steps
   interleaved, medians after warm-up;
@@ -274,6 +275,41 @@ def gated_deltanet_forward(folder: Path) -> dict:
     return {"finite": bool(torch.isfinite(logits).all()), "reload": reload, "passed": bool(reload["rel_err"] <= 1e-5)}
 
 
+def synchronises(model, ids: torch.Tensor) -> str | None:
+    """The synchronisation a training step (forward, backward) of ``model`` makes with the host after a warm-up step,
+    or None: an eager step that waits for the GPU cannot queue the next layer's kernels while the current ones run."""
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            model(input_ids=ids, labels=ids).loss.backward()
+
+    step()  # warm-up: autotuning and lazy initialisation may synchronise once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        return None
+    except RuntimeError as error:
+        return _error_text(error)[-1500:]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+
+
+def training_sync(folder: Path) -> dict:
+    """fla's GLA with and without ``use_selective_rope``: does a training step wait for the GPU? Passes when the
+    Selective RoPE model does not, or when fla's NoPE model does too (then the wait is not the series')."""
+    from fla.models import GLAConfig, GLAForCausalLM
+
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 256), device="cuda")
+    waits = {}
+    for name, extra in (("nope", {}), ("selective_rope", {"use_selective_rope": True, "selective_rope": PAPER})):
+        torch.manual_seed(4)
+        with torch.device("cuda"):
+            model = GLAForCausalLM(GLAConfig(**SMALL, **extra))
+        waits[name] = synchronises(model, ids)
+    return {"sync": waits, "passed": waits["selective_rope"] is None or waits["nope"] is not None}
+
+
 def check_logits(args, budget: float) -> dict:
     _require_patched()
     began, result = time.perf_counter(), {"passed": False}
@@ -282,7 +318,8 @@ def check_logits(args, budget: float) -> dict:
              ("gla_others", lambda folder: compare_logits(*(m.cuda().eval() for m in fla_and_srope(OTHERS, folder)), ids)),
              ("module_paper", lambda folder: compare_modules(PAPER)),
              ("module_others", lambda folder: compare_modules(OTHERS)),
-             ("gated_deltanet", gated_deltanet_forward)]
+             ("gated_deltanet", gated_deltanet_forward),
+             ("training_sync", training_sync)]
     for name, step in steps:
         if time.perf_counter() - began > budget:
             result["cut_short"] = f"over the {budget:g} s budget before {name}"
@@ -432,6 +469,8 @@ def summary(name: str, record: dict) -> str:
                 continue
             if "error" in value:
                 parts.append(f"{step}: error")
+            elif "sync" in value:
+                parts.append(f"{step}: " + ", ".join(f"{name} {'waits' if wait else 'no wait'}" for name, wait in value["sync"].items()))
             elif "float32" in value:
                 parts.append(f"{step}: rel err fp32 {value['float32']['rel_err']:.1e}, bf16 {value['bf16']['rel_err']:.1e}")
             else:

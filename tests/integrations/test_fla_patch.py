@@ -184,9 +184,17 @@ for options in ({}, {"bias": True, "spectrum": "rfa"}, {"projection": "low-rank"
             p.add_(0.1 * torch.randn_like(p))  # off the zero bias and unit gains of the initialisation
     theirs.load_state_dict(ours.state_dict())
     torch_conv(theirs.conv)
-    x, q, k = torch.randn(2, 21, 32), torch.randn(2, 21, 4, 8), torch.randn(2, 21, 2, 8)
-    with torch.no_grad():
-        worst = max([worst] + [err(a, e) for a, e in zip(theirs(q, k, x)[:2], ours(q, k, x)[:2])])
+    inputs = (torch.randn(2, 21, 4, 8), torch.randn(2, 21, 2, 8), torch.randn(2, 21, 32))  # q, k, x
+    dq, dk = torch.randn(2, 21, 4, 8), torch.randn(2, 21, 2, 8)
+    results = []
+    for module in (theirs, ours):  # forward, and the backward to q, k, x and every parameter
+        leaves = [t.clone().requires_grad_(True) for t in inputs]
+        q_rot, k_rot = module(*leaves)[:2]
+        ((q_rot * dq).sum() + (k_rot * dk).sum()).backward()
+        params = dict(module.named_parameters())
+        results.append([q_rot, k_rot] + [t.grad for t in leaves] + [params[name].grad for name in sorted(params)])
+    assert sorted(dict(theirs.named_parameters())) == sorted(dict(ours.named_parameters()))
+    worst = max([worst] + [err(a, e) for a, e in zip(*results)])
 
 # The layer option builds in both models and survives a config round trip (their forward needs fla's GPU kernels).
 from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, GLAConfig, GLAForCausalLM
@@ -203,7 +211,8 @@ print(worst)
 @pytest.mark.kernels
 def test_patched_kernels_and_module_equal_the_references_under_the_interpreter(patched):
     """The patched chunk and decoding kernels equal the patched naive op, and SelectiveRotaryEmbedding
-    loaded with srope's SelectiveRoPE state_dict equals it; GLA and GDN models build with use_selective_rope.
+    loaded with srope's SelectiveRoPE state_dict equals it, forward and backward (q, k, x and every parameter); GLA and
+    GDN models build with use_selective_rope.
     fla's package imports need triton
     (interpreted here: TRITON_INTERPRET=1, set for the child process, where the kernels are decorated)."""
     pytest.importorskip("triton")

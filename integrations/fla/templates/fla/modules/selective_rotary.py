@@ -107,6 +107,9 @@ class SelectiveRotaryEmbedding(nn.Module):
         # recomputed from these in float64 on every call: a bf16 cast of the model never quantises the spectrum
         self.spectrum_args = dict(kind=spectrum, pairs=self.pairs, theta=theta, epsilon=epsilon, max_value=max_temperature)
         temperature_spectrum(**self.spectrum_args)  # validates
+        # per (device, dtype), in a plain dict that .to() / .half() never reach: a copy from the CPU on every call
+        # would wait for the GPU to drain its queue
+        self._temperatures = {}
 
         channels = num_heads * self.pairs
         if projection == 'full-rank':
@@ -144,27 +147,45 @@ class SelectiveRotaryEmbedding(nn.Module):
                 f"projection={self.projection}, gate={self.gate_type}, bias={self.bias is not None}, {self.spectrum_args}")
 
     def temperature(self, device, dtype=torch.float32) -> torch.Tensor:
-        return temperature_spectrum(**self.spectrum_args).to(device=device, dtype=dtype)
+        key = (torch.device(device), dtype)
+        if key not in self._temperatures:
+            self._temperatures[key] = temperature_spectrum(**self.spectrum_args).to(device=key[0], dtype=dtype)
+        return self._temperatures[key]
+
+    def first_layers(self) -> tuple[torch.Tensor, list[int]]:
+        """Every linear map acting on x_hat as one per-head float32 weight `[HK, hidden_size / HK, M]`, and the widths of
+        its parts: the projection's (R, or the low-rank projection's first layer), then the gate's first layer."""
+        if self.projection == 'full-rank':
+            weight = self.proj_weight.float()
+            if self.weight_norm:
+                weight = self.proj_gain.float()[:, None, None] * weight / weight.norm(dim=1, keepdim=True)
+        else:
+            weight = _per_head(self.proj[0].weight, self.num_heads)
+        blocks = [weight]
+        if self.gate is not None:
+            blocks.append(_per_head((self.gate if self.gate_type == 'standard' else self.gate[0]).weight, self.num_heads))
+        return torch.cat(blocks, -1), [block.shape[-1] for block in blocks]
 
     def increments(self, x, conv_state=None, output_final_state=False, cu_seqlens=None):
         """phi `[B, T, HK, R]` in float32 (autocast off: the increments are summed over the whole sequence) and the
         convolution's new window."""
         with torch.autocast(x.device.type, enabled=False):
             chunks = x.float().unflatten(-1, (self.num_heads, -1))
-            x_hat = chunks * torch.rsqrt(chunks.square().sum(-1, keepdim=True) + self.norm_eps)
-            if self.projection == 'full-rank':
-                weight = self.proj_weight.float()
-                if self.weight_norm:
-                    weight = self.proj_gain.float()[:, None, None] * weight / weight.norm(dim=1, keepdim=True)
-                u = torch.einsum('...hi,hir->...hr', x_hat, weight).flatten(-2)
-            else:
-                u = _linear(self.proj, x_hat.flatten(-2))
+            # x_hat = chunks / |chunks| is never built: every map acting on it is linear, so one product per head takes
+            # them all from the raw chunks and is scaled by the inverse norm (two reads of x, not one per step of x_hat);
+            # a map of the whole x_hat is the sum of its per-head shares
+            inv_norm = torch.rsqrt(torch.linalg.vector_norm(chunks, dim=-1, keepdim=True).square() + self.norm_eps)
+            weight, sizes = self.first_layers()
+            parts = (torch.einsum('...hi,him->...hm', chunks, weight) * inv_norm).split(sizes, -1)
+            u = parts[0].flatten(-2) if self.projection == 'full-rank' else _linear(self.proj[1], parts[0].sum(-2))
             phi, conv_state = self.conv(x=u, cache=conv_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
             phi = phi.float().unflatten(-1, (self.num_heads, self.pairs))
             if self.bias is not None:
                 phi = phi + torch.exp(self.bias.float())
             if self.gate is not None:
-                gate = torch.sigmoid(_linear(self.gate, x_hat.flatten(-2)))
+                shares = parts[1].sum(-2)
+                logits = shares + self.gate.bias.float() if self.gate_type == 'standard' else _linear(self.gate[1], shares)
+                gate = torch.sigmoid(logits)
                 per_channel = self.gate_type == 'per-channel'
                 phi = phi * (gate.unflatten(-1, (self.num_heads, self.pairs)) if per_channel else gate[..., None])
         return phi, conv_state
@@ -201,6 +222,11 @@ class SelectiveRotaryEmbedding(nn.Module):
         else:
             q, k, phase = chunk_selective_rope(q, k, phi, temperature, phase, output_final_state, cu_seqlens)
         return q, k, (conv_state, phase) if output_final_state else None
+
+
+def _per_head(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """A map of the whole x_hat, `[out, hidden_size]`, as per-head float32 shares `[heads, hidden_size / heads, out]`."""
+    return weight.float().t().unflatten(0, (heads, -1))
 
 
 def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
