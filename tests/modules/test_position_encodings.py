@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -182,6 +183,43 @@ def test_spectra_equal_their_formulas(kind, pairs, kwargs, expected):
     assert rel_err(values, expected(j)) < 1e-14
     module = SelectiveRoPE(HIDDEN, KEY_HEADS, 2 * pairs, spectrum=kind, **{"max_temperature" if k == "max_value" else k: v for k, v in kwargs.items()})
     assert torch.equal(module.temperature(torch.float64), values)
+
+
+@pytest.mark.parametrize("pairs", [2, 8, 16, 32])
+def test_the_release_float32_rfa_spectrum_keeps_its_rounding(pairs):
+    """``rfa-float32`` is the release's float32 arithmetic, not the exact spectrum: at epsilon 1e-4 (its copying
+    setting) 1 + cos(phi) near pi rounds so that every pair but the first and last is 1.099 times the exact value;
+    the values are float32 numbers (exact in float32), and the module uses them as they are."""
+    exact = temperature_spectrum("rfa", pairs, epsilon=1e-4, max_value=0.25)
+    release = temperature_spectrum("rfa-float32", pairs, epsilon=1e-4, max_value=0.25)
+    assert release.dtype == torch.float64 and torch.equal(release.float().double(), release)
+    assert release[0] == exact[0] == 0 and release[-1] == exact[-1] == 0.25
+    inner = release[1:-1] / exact[1:-1]
+    assert ((inner - 1.0990).abs() < 1e-4).all(), inner
+    loose = temperature_spectrum("rfa-float32", pairs, epsilon=0.1, max_value=0.25)  # far from pi: float32 rounding only
+    assert rel_err(loose, temperature_spectrum("rfa", pairs, epsilon=0.1, max_value=0.25)) < 1e-6
+    module = SelectiveRoPE(HIDDEN, KEY_HEADS, 2 * pairs, spectrum="rfa-float32", epsilon=1e-4, max_temperature=0.25)
+    assert torch.equal(module.temperature(torch.float32), release.float())
+
+
+RELEASE = os.environ.get("SROPE_AUTHORS_RELEASE", "")  # a checkout of the authors' release, outside this tree
+
+
+@pytest.mark.skipif(not RELEASE or not os.path.isfile(os.path.join(RELEASE, "src", "selective_rope", "modules", "rotary.py")),
+                    reason="set SROPE_AUTHORS_RELEASE to a checkout of timurcarstensen/selective-rope")
+def test_the_release_float32_rfa_spectrum_is_the_releases_bitwise():
+    """Against the release's own ``rotary_temperature`` (read from the checkout, never copied here)."""
+    import ast
+
+    path = os.path.join(RELEASE, "src", "selective_rope", "modules", "rotary.py")
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    source = next(ast.get_source_segment(open(path, encoding="utf-8").read(), node) for node in tree.body
+                  if isinstance(node, ast.FunctionDef) and node.name == "rotary_temperature")
+    namespace = {"torch": torch, "Literal": __import__("typing").Literal}
+    exec(source, namespace)
+    for pairs in (2, 8, 16, 32, 64):
+        theirs = namespace["rotary_temperature"]("rfa", 0.9999, 2 * pairs, 0.25).reshape(-1)
+        assert torch.equal(temperature_spectrum("rfa-float32", pairs, epsilon=1e-4, max_value=0.25).float(), theirs), pairs
 
 
 def test_gradients_reach_every_parameter_and_input():

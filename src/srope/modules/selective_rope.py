@@ -63,9 +63,10 @@ class SelectiveRoPE(PositionEncoding):
             gate_rank -> Hk·R``; the authors' "gla") or None ("standard").
         gate_rank: rank of the low-rank and per-channel gates (16).
         bias: add a learned positive ``exp(b)`` (b init 0, one per head and pair) (False).
-        spectrum: temperatures Θ: ``"rope"``, ``"rfa"`` or ``"uniform"`` (see
+        spectrum: temperatures Θ: ``"rope"``, ``"rfa"``, ``"rfa-float32"`` (rfa with the
+            authors' release's float32 rounding, for reproducing it) or ``"uniform"`` (see
             :mod:`srope.modules.spectra`) ("rope").
-        theta: base of the rope spectrum (500000). epsilon: ε of the rfa spectrum (1e-4).
+        theta: base of the rope spectrum (500000). epsilon: ε of the rfa spectra (1e-4).
         max_temperature: the largest temperature (1.0).
         learnable_temperature: learn Θ (an ``[Hk, R]`` parameter initialised from the
             spectrum); fixed spectra are recomputed from the config in float64 and are never

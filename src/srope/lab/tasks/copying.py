@@ -22,8 +22,9 @@ token: slow), reported as ``ar_str_acc`` / ``ar_char_acc``.
 
 Presets: ``release`` (default; the released sweep: lr 2e-3, seeds 0–2, GLA 4 layers d512 16
 heads without short conv, Selective RoPE with the first difference instead of the conv and
-the rfa spectrum ε=1e-4, max 0.25; gate and bias off, the sweep also tries them; the
-release's initialisation), ``authors`` (the same with srope's initialisation) and ``paper``
+the rfa spectrum ε=1e-4, max 0.25, with the release's float32 rounding; gate and bias off, the sweep
+also tries them; the release's initialisation), ``authors`` (the same with srope's initialisation
+and the exact rfa spectrum) and ``paper``
 (Table 7: lr 5e-5, seed 42). With the first difference and neither gate nor bias the phase
 telescopes to ``Θ·W x̂_t``: a rotation by the current token's content alone, which carries no
 position, so that arm is NoPE-like by construction; bias (``e^b`` per step) or a gate give it
@@ -48,6 +49,17 @@ from srope.lab.tasks.common import IGNORE, Predict, Prepared, SampledStream, Set
 NAME = "copying"
 BOS, SEP, EOS, PAD = 26, 27, 28, 29
 SYMBOLS = {"$": BOS, "|": SEP, ".": EOS, "*": PAD}
+
+
+def positions(spectrum: str) -> dict:
+    """The released sweep's position options, with Selective RoPE's temperature ``spectrum``."""
+    return {
+        "rope": {"theta": 500000.0},
+        "selective_rope": {
+            "projection": "low-rank", "projection_rank": 32, "skip_conv": True, "conv_activation": None, "gate": None, "bias": False,
+            "spectrum": spectrum, "epsilon": 1e-4, "max_temperature": 0.25,
+        },
+    }
 
 
 @dataclass
@@ -77,13 +89,7 @@ class CopyingPreset(TaskConfig):
         "hidden_size": 512, "num_hidden_layers": 4, "num_heads": 16, "expand_k": 1.0, "expand_v": 1.0,
         "use_short_conv": False, "tie_word_embeddings": False,
     })
-    position: dict = field(default_factory=lambda: {
-        "rope": {"theta": 500000.0},
-        "selective_rope": {
-            "projection": "low-rank", "projection_rank": 32, "skip_conv": True, "conv_activation": None, "gate": None, "bias": False,
-            "spectrum": "rfa", "epsilon": 1e-4, "max_temperature": 0.25,
-        },
-    })
+    position: dict = field(default_factory=lambda: positions("rfa"))
     threads: int = 0  # torch's CPU threads for the run (0: torch's default)
 
 
@@ -99,12 +105,15 @@ CPU = CopyingPreset(
 )
 
 # ``release``: the released sweep field by field as docs/release-presets.md cites it: ``authors``
-# plus the release's initialisation (N(0, 0.02) for every linear map, the φ projection's too) and
-# its evaluation lengths (``range(2, 512)``).
+# plus the release's initialisation (N(0, 0.02) for every linear map, the φ projection's too), its
+# evaluation lengths (``range(2, 512)``) and its temperatures as it computes them (``rfa-float32``:
+# at ε = 1e-4 its float32 rounding makes the inner pairs 1.099 times the exact rfa spectrum, which
+# ``authors`` and ``paper`` keep).
 # Its four arms: the plain encoding, ``--set position.bias=true``, ``--set position.gate=standard``
 # (one gate per head, the release's default parametrisation), and both.
 # Their names are registered in srope.lab.tasks.registry, the default (`srope synth` without --preset) first.
-PRESETS = {"release": CopyingPreset(init="release", eval_lengths="2-511"), "authors": CopyingPreset(), "paper": CopyingPreset(lrs=(5e-5,), seeds=(42,)), "cpu": CPU}
+PRESETS = {"release": CopyingPreset(init="release", eval_lengths="2-511", position=positions("rfa-float32")), "authors": CopyingPreset(),
+           "paper": CopyingPreset(lrs=(5e-5,), seeds=(42,)), "cpu": CPU}
 RELEASE_PRESETS = ("release",)
 # The released sweep's axes (gate x bias, seeds); the learning rate of its grid comment or Table 7.
 RELEASE_VARIES = {"position.selective_rope.gate": (None, "standard"), "position.selective_rope.bias": (True, False), "seeds": None,

@@ -57,11 +57,12 @@ class SelectiveRotaryEmbedding(nn.Module):
         bias (bool):
             add a learned positive `exp(b)` per head and pair. Default: `False`.
         spectrum (str):
-            temperatures: `'rope'`, `'rfa'` or `'uniform'`. Default: `'rope'`.
+            temperatures: `'rope'`, `'rfa'`, `'rfa-float32'` (rfa as the authors' code rounds it in float32, for
+            reproducing its runs) or `'uniform'`. Default: `'rope'`.
         theta (float):
             base of the rope spectrum. Default: 500000.
         epsilon (float):
-            epsilon of the rfa spectrum. Default: 1e-4.
+            epsilon of the rfa spectra. Default: 1e-4.
         max_temperature (float):
             the largest temperature. Default: 1.0.
         norm_eps (float):
