@@ -251,14 +251,25 @@ def authors_copying_config(release: Path, seed: int, steps: int, arm: dict, max_
     return cfg, changes
 
 
-def run_authors_copying(release: Path, seed: int, out: dict, workers: int) -> None:
-    p = PROTOCOL["copying"]
+def import_release_copying(release: Path):
+    """The release's ``copying.main`` from its checkout (``wandb`` stood in where missing), with the logger its
+    ``__main__`` block sets."""
     # the authors' release is a checkout, not an installed package: import it from there on purpose
-    sys.path[:0] = [str(release / "src"), str(release / "synthetic_tasks" / "copying" / "src")]
+    for path in (release / "synthetic_tasks" / "copying" / "src", release / "src"):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
     stub_wandb()
-    import accelerate
     import copying.main as main_module
     from accelerate.logging import get_logger
+
+    main_module.log = get_logger("copying")  # set by the release's __main__ block only
+    return main_module
+
+
+def run_authors_copying(release: Path, seed: int, out: dict, workers: int) -> None:
+    p = PROTOCOL["copying"]
+    main_module = import_release_copying(release)
+    import accelerate
     from copying.data_utils import CopyDataset, get_tokenizer
     from omegaconf import OmegaConf
 
@@ -268,7 +279,6 @@ def run_authors_copying(release: Path, seed: int, out: dict, workers: int) -> No
     folder = Path(tempfile.mkdtemp(prefix="authors-copying-"))
     (folder / "model_config.json").write_text(json.dumps(OmegaConf.to_container(cfg.model, resolve=True)))
     cfg.trainer.model_name_or_path = str(folder / "model_config.json")
-    main_module.log = get_logger("copying")  # set by the release's __main__ block only
 
     tokenizer, to_token, _ = get_tokenizer(cfg.data)
     np.random.seed(seed)
