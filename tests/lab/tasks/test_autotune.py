@@ -20,6 +20,11 @@ def _kernel(x, BLOCK: triton.language.constexpr):
     pass
 
 
+@triton.jit
+def _keyed(N, BLOCK: triton.language.constexpr):
+    pass
+
+
 def test_first_takes_the_first_candidate_that_runs(monkeypatch):
     monkeypatch.delenv(autotune.ENV, raising=False)
     timed = []
@@ -102,3 +107,36 @@ def test_first_runs_the_candidate_once_instead_of_timing_it(monkeypatch):
         assert tuned._bench(config=tuned.configs[1]) == [1.0, 1.0, 1.0] and timed_by_triton == [1] and runs == [64]
     finally:
         autotune.apply("full")
+
+
+def test_full_tuning_comes_back_for_keys_tuned_in_first_mode(monkeypatch):
+    """A key tuned in ``first`` mode is tuned again once full mode is back (the in-memory choice is
+    dropped), while keys tuned fully before stay: a benchmark after a ``first`` check, or a user's
+    session after ``srope.run_demo``, gets Triton's own choice."""
+    monkeypatch.delenv(autotune.ENV, raising=False)
+    timed = []
+
+    def fake_bench(self, *args, config, **kwargs):
+        timed.append(config.kwargs["BLOCK"])
+        return [float(config.kwargs["BLOCK"])] * 3
+
+    monkeypatch.setattr(autotuner.Autotuner, "_bench", fake_bench)
+    tuned = triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (64, 16, 32)], key=["N"])(_keyed)
+
+    class Launcher:
+        def run(self, *args, **kwargs):
+            pass
+
+    monkeypatch.setattr(tuned, "fn", Launcher())
+
+    def call(n):
+        timed.clear()
+        tuned.run(n)
+        return tuned.cache[(n,)].kwargs["BLOCK"], list(timed)
+
+    autotune.apply("full")
+    assert call(1) == (16, [64, 16, 32])  # fully tuned before
+    with autotune.scoped("first"):
+        assert call(2) == (64, [64])  # the first candidate that runs
+        assert call(1) == (16, [])  # a full choice is kept
+    assert call(2) == (16, [64, 16, 32]) and call(1) == (16, [])  # tuned again; the earlier full choice stays

@@ -17,6 +17,10 @@ import os
 
 ENV = "SROPE_AUTOTUNE"
 MODES = ("full", "first")
+# Each autotuner that tuned in ``first`` mode, with the keys its in-memory cache held before: the
+# choices made since are dropped when full tuning comes back, or they would stand for the rest of
+# the process (a benchmark after a ``first`` check, a user's session after ``srope.run_demo``).
+_TUNED_IN_FIRST: dict[int, tuple[object, set]] = {}
 
 
 def mode() -> str:
@@ -85,6 +89,7 @@ def first_config_only() -> None:
 
     def prune_and_restart(self, *args, **kwargs):
         self._srope_found = False  # a tuning round begins: its candidates are timed in order
+        _TUNED_IN_FIRST.setdefault(id(self), (self, set(getattr(self, "cache", {}))))
         return prune(self, *args, **kwargs)
 
     def first_that_runs(self, *args, **kwargs):
@@ -118,7 +123,8 @@ def run_once(kernel_call, quantiles) -> list[float]:
 
 
 def every_config() -> None:
-    """Undo :func:`first_config_only`."""
+    """Undo :func:`first_config_only`, forgetting the choices it made (the next call of such a
+    kernel at such a key tunes fully)."""
     try:
         from triton.runtime import autotuner
     except ImportError:
@@ -127,3 +133,8 @@ def every_config() -> None:
     if getattr(tuner, "_srope_first", None) is not None:
         tuner.prune_configs, tuner._bench, tuner.check_disk_cache = tuner._srope_first
         tuner._srope_first = None
+    for instance, before in _TUNED_IN_FIRST.values():
+        cache = getattr(instance, "cache", {})
+        for key in set(cache) - before:
+            del cache[key]
+    _TUNED_IN_FIRST.clear()
