@@ -8,7 +8,7 @@ Checks (``--only`` picks some; each has a time budget, ``--budget NAME=SECONDS``
   reaches the module's other parameters), saved and converted by ``srope.models.convert_fla`` into srope's
   ``SRopeForCausalLM``: logits in float32 and under bf16 autocast; ``SelectiveRotaryEmbedding`` against srope's
   ``SelectiveRoPE`` (same state_dict) with packed sequences; fla's Gated DeltaNet with the option, forward; a training
-  step of fla's GLA with the option makes no host synchronisation (CUDA's sync debug mode), unless fla's NoPE GLA does;
+  step of fla's GLA with the option synchronises the host no more often than fla's NoPE GLA (CUDA's sync debug mode);
 - ``speed``: training tokens/s of fla's GLA with ``use_selective_rope`` against fla's NoPE GLA at ``--preset``
   (gla-370m), B 8 x 4096: float32 weights, bf16 autocast, fla's own loss, fused AdamW, eager; the two models' steps
   interleaved, medians after warm-up;
@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -275,29 +276,30 @@ def gated_deltanet_forward(folder: Path) -> dict:
     return {"finite": bool(torch.isfinite(logits).all()), "reload": reload, "passed": bool(reload["rel_err"] <= 1e-5)}
 
 
-def synchronises(model, ids: torch.Tensor) -> str | None:
-    """The synchronisation a training step (forward, backward) of ``model`` makes with the host after a warm-up step,
-    or None: an eager step that waits for the GPU cannot queue the next layer's kernels while the current ones run."""
+def synchronisations(model, ids: torch.Tensor) -> int:
+    """How many times a training step (forward, backward) of ``model`` synchronises the host with the GPU after a
+    warm-up step (CUDA's sync debug mode, warning on each): an eager step that waits for the GPU cannot queue the
+    next layer's kernels while the current ones run."""
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             model(input_ids=ids, labels=ids).loss.backward()
 
     step()  # warm-up: autotuning and lazy initialisation may synchronise once
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-        return None
-    except RuntimeError as error:
-        return _error_text(error)[-1500:]
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-        torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def training_sync(folder: Path) -> dict:
-    """fla's GLA with and without ``use_selective_rope``: does a training step wait for the GPU? Passes when the
-    Selective RoPE model does not, or when fla's NoPE model does too (then the wait is not the series')."""
+    """fla's GLA with and without ``use_selective_rope``: how often a training step waits for the GPU. Passes when
+    the Selective RoPE model waits no more often than fla's NoPE model (whose waits are not the series')."""
     from fla.models import GLAConfig, GLAForCausalLM
 
     ids = torch.randint(0, SMALL["vocab_size"], (2, 256), device="cuda")
@@ -306,8 +308,8 @@ def training_sync(folder: Path) -> dict:
         torch.manual_seed(4)
         with torch.device("cuda"):
             model = GLAForCausalLM(GLAConfig(**SMALL, **extra))
-        waits[name] = synchronises(model, ids)
-    return {"sync": waits, "passed": waits["selective_rope"] is None or waits["nope"] is not None}
+        waits[name] = synchronisations(model, ids)
+    return {"sync": waits, "passed": waits["selective_rope"] <= waits["nope"]}
 
 
 def check_logits(args, budget: float) -> dict:
@@ -470,7 +472,7 @@ def summary(name: str, record: dict) -> str:
             if "error" in value:
                 parts.append(f"{step}: error")
             elif "sync" in value:
-                parts.append(f"{step}: " + ", ".join(f"{name} {'waits' if wait else 'no wait'}" for name, wait in value["sync"].items()))
+                parts.append(f"{step}: " + ", ".join(f"{name} {count} waits" for name, count in value["sync"].items()))
             elif "float32" in value:
                 parts.append(f"{step}: rel err fp32 {value['float32']['rel_err']:.1e}, bf16 {value['bf16']['rel_err']:.1e}")
             else:

@@ -140,9 +140,9 @@ def test_the_logits_comparison_and_the_summaries(check_gpu):
         result = check_gpu.compare_logits(model, model, ids)
     assert result["passed"] and result["float32"]["rel_err"] == 0 and result["bf16_tolerance"] == check_gpu.BF16_TOLERANCE
     logits = {"gla_paper": result, "module_paper": {"rel_err": 1e-7, "passed": True}, "gated_deltanet": {"passed": False, "error": "x"},
-              "training_sync": {"sync": {"nope": None, "selective_rope": "trace"}, "passed": False}, "passed": False}
+              "training_sync": {"sync": {"nope": 0, "selective_rope": 24}, "passed": False}, "passed": False}
     assert check_gpu.summary("logits", logits) == ("gla_paper: rel err fp32 0.0e+00, bf16 0.0e+00; module_paper: rel err 1.0e-07; "
-                                                   "gated_deltanet: error; training_sync: nope no wait, selective_rope waits")
+                                                   "gated_deltanet: error; training_sync: nope 0 waits, selective_rope 24 waits")
     speed = {"nope": {"tokens_per_s": 120000.0}, "selective_rope": {"tokens_per_s": 115000.0}, "ratio": 115 / 120}
     assert check_gpu.summary("speed", speed) == "nope 120,000 tok/s, selective_rope 115,000 tok/s, ratio 0.958 (>= 0.95)"
     assert check_gpu.summary("tests", {"tests": {"PASSED": 9, "FAILED": 0, "ERROR": 0, "SKIPPED": 0}, "timed_out": True}) == (
