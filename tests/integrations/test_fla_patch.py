@@ -138,8 +138,11 @@ KERNEL_CHECK = """
 import torch
 from fla.ops.selective_rope import chunk_selective_rope, fused_recurrent_selective_rope, naive_selective_rope
 
-def err(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm())
+def err(a, b):  # relative; absolute against zeros; NaN counts as infinitely wrong (max() would drop it)
+    a, b = a.double(), b.double()
+    scale = b.norm()
+    e = float((a - b).norm() / scale) if scale > 0 else float((a - b).abs().max())
+    return e if e == e else float("inf")
 
 torch.manual_seed(0)
 worst = 0.0
@@ -195,6 +198,13 @@ for options in ({}, {"bias": True, "spectrum": "rfa"}, {"projection": "low-rank"
         results.append([q_rot, k_rot] + [t.grad for t in leaves] + [params[name].grad for name in sorted(params)])
     assert sorted(dict(theirs.named_parameters())) == sorted(dict(ours.named_parameters()))
     worst = max([worst] + [err(a, e) for a, e in zip(*results)])
+    # the temperatures are cached on first use: a first use under inference_mode must not break training afterwards
+    fresh = SelectiveRotaryEmbedding(32, 2, 8, **options)
+    torch_conv(fresh.conv)
+    with torch.inference_mode():
+        fresh(*inputs)
+    q_rot, k_rot = fresh(inputs[0].clone().requires_grad_(True), *inputs[1:])[:2]
+    (q_rot.sum() + k_rot.sum()).backward()
 
 # The layer option builds in both models and survives a config round trip (their forward needs fla's GPU kernels).
 from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, GLAConfig, GLAForCausalLM

@@ -185,7 +185,7 @@ def test_spectra_equal_their_formulas(kind, pairs, kwargs, expected):
     assert torch.equal(module.temperature(torch.float64), values)
 
 
-@pytest.mark.parametrize("pairs", [2, 8, 16, 32])
+@pytest.mark.parametrize("pairs", [3, 8, 16, 32])
 def test_the_release_float32_rfa_spectrum_keeps_its_rounding(pairs):
     """``rfa-float32`` is the release's float32 arithmetic, not the exact spectrum: at epsilon 1e-4 (its copying
     setting) 1 + cos(phi) near pi rounds so that every pair but the first and last is 1.099 times the exact value;
@@ -200,6 +200,25 @@ def test_the_release_float32_rfa_spectrum_keeps_its_rounding(pairs):
     assert rel_err(loose, temperature_spectrum("rfa", pairs, epsilon=0.1, max_value=0.25)) < 1e-6
     module = SelectiveRoPE(HIDDEN, KEY_HEADS, 2 * pairs, spectrum="rfa-float32", epsilon=1e-4, max_temperature=0.25)
     assert torch.equal(module.temperature(torch.float32), release.float())
+    with pytest.raises(ValueError, match="not finite at epsilon=5e-05"):  # the release's formula gives NaN there
+        SelectiveRoPE(HIDDEN, KEY_HEADS, 2 * pairs, spectrum="rfa-float32", epsilon=5e-5)
+
+
+@pytest.mark.parametrize("route", ["torch", pytest.param("triton", marks=pytest.mark.kernels)])
+def test_training_after_an_inference_mode_call(route, device):
+    """The spectrum is cached per device and dtype on first use; when that use is under
+    ``torch.inference_mode`` (evaluation, generation) the cached tensor must still be one that a
+    later training step can save for its backward (the kernel route's op saves it)."""
+    import srope
+
+    module = SelectiveRoPE(HIDDEN, KEY_HEADS, HEAD_DIM).to(device)
+    q, k, x = (t.to(device) for t in (torch.randn(1, 7, HEADS, HEAD_DIM), torch.randn(1, 7, KEY_HEADS, HEAD_DIM), torch.randn(1, 7, HIDDEN)))
+    with srope.backend.use(route):
+        with torch.inference_mode():
+            module(q, k, x)
+        q_rot, k_rot, _ = module(q.requires_grad_(), k, x)
+        (q_rot.sum() + k_rot.sum()).backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
 RELEASE = os.environ.get("SROPE_AUTHORS_RELEASE", "")  # a checkout of the authors' release, outside this tree

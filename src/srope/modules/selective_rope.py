@@ -199,7 +199,9 @@ class SelectiveRoPE(PositionEncoding):
             return self.learned_temperature.to(dtype)
         key = (torch.device(device) if device is not None else torch.device("cpu"), dtype)
         if key not in self._temperatures:  # a plain dict: .to()/.half() never reach it
-            self._temperatures[key] = self.spectrum().to(device=key[0], dtype=dtype)
+            # a normal tensor even when first asked for under inference_mode: training saves it for backward
+            with torch.inference_mode(False):
+                self._temperatures[key] = self.spectrum().to(device=key[0], dtype=dtype)
         return self._temperatures[key]
 
     def projection_weight(self, dtype: torch.dtype) -> torch.Tensor:

@@ -49,7 +49,11 @@ def temperature_spectrum(
         if kind == "rfa-float32":  # the release's operations in its order, in float32
             angles = torch.linspace(0.0, float((1.0 - epsilon) * math.pi), steps=pairs, dtype=torch.float32)
             raw = torch.sqrt((1 - torch.cos(angles)) / (1 + torch.cos(angles)))
-            return (max_value * raw / torch.max(raw)).double()
+            values = (max_value * raw / torch.max(raw)).double()
+            if not torch.isfinite(values).all():
+                raise ValueError(f"the rfa-float32 spectrum is not finite at epsilon={epsilon}: float32 rounds 1 + cos φ to 0 "
+                                 "for the last pair (epsilon below about 8.5e-5); use spectrum 'rfa'")
+            return values
         angles = torch.arange(pairs, dtype=torch.float64) * ((1.0 - epsilon) * math.pi / (pairs - 1))
         raw = torch.tan(angles / 2)
         return max_value * raw / raw.max()

@@ -150,7 +150,8 @@ class SelectiveRotaryEmbedding(nn.Module):
     def temperature(self, device, dtype=torch.float32) -> torch.Tensor:
         key = (torch.device(device), dtype)
         if key not in self._temperatures:
-            self._temperatures[key] = temperature_spectrum(**self.spectrum_args).to(device=key[0], dtype=dtype)
+            with torch.inference_mode(False):  # a normal tensor even under inference_mode: training saves it for backward
+                self._temperatures[key] = temperature_spectrum(**self.spectrum_args).to(device=key[0], dtype=dtype)
         return self._temperatures[key]
 
     def first_layers(self) -> tuple[torch.Tensor, list[int]]:
