@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.metadata
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import tokenize
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -56,6 +58,14 @@ RENAMES = (
     (":func:`srope.ops._triton.pdl`", "``pdl`` in chunk.py"),
     (":func:`srope.ops.rotary.selective_rope`", "``chunk_selective_rope``"),
     ("docs/kernels.md", "srope's docs/kernels.md"),
+    # the generator's projection: its kernels are in the same file, and fla's switch is the device (generator.py)
+    ("            from srope.ops.generator.projection_kernels import projection_forward\n\n", ""),
+    ("            from srope.ops.generator.projection_kernels import projection_backward\n\n", ""),
+    ("x.is_cuda and x.dtype == torch.float32 and backend.kernels(x)", "x.dtype == torch.float32 and _kernels(x)"),
+    ("low and x.is_cuda and ctx.x_dtype == torch.float32 and backend.kernels(x)", "low and ctx.x_dtype == torch.float32 and _kernels(x)"),
+    (":func:`srope.ops.generator.projection.normalized_head_projection`", "``normalized_head_projection``"),
+    ("# the conv's (srope.ops.conv.ACTIVATIONS)", "# ShortConvolution's"),
+    ("(:meth:`ShortConvolution.kernel`)", "(a depthwise ``Conv1d`` weight ``[H·R, 1, K]`` without its middle dimension)"),
 )
 
 # Names left out of the kernel module: srope's fixed-RoPE kernels (fla has its own rotary).
@@ -123,8 +133,10 @@ SERIES = (
     Step(
         "modules: add SelectiveRotaryEmbedding",
         "The angle generator (per-head l2-normalised hidden states, projection, short convolution, bias, phase gate)\n"
-        "and the rotation, called as q, k, state = rotary(q, k, x, cu_seqlens=..., initial_state=..., output_final_state=...).\n",
-        ("fla/modules/selective_rotary.py",),
+        "and the rotation, called as q, k, state = rotary(q, k, x, cu_seqlens=..., initial_state=..., output_final_state=...).\n"
+        "On GPUs the generator runs fused kernels (fla/ops/selective_rope/generator.py): the normalised projection in one\n"
+        "pass over x, and the convolution with the gate and bias in one kernel each way.\n",
+        ("fla/modules/selective_rotary.py", "fla/ops/selective_rope/generator.py"),
         (
             ("fla/modules/__init__.py", "from fla.modules.rotary import RotaryEmbedding\n",
              "from fla.modules.rotary import RotaryEmbedding\n" + _IMPORT),
@@ -178,7 +190,8 @@ SERIES = (
     ),
     Step(
         "tests, benchmarks: selective_rope",
-        "tests/ops/test_selective_rope.py (test_chunk, test_chunk_varlen, test_fused_recurrent against the naive reference)\n"
+        "tests/ops/test_selective_rope.py (test_chunk, test_chunk_varlen, test_fused_recurrent against the naive reference;\n"
+        "test_module_generator: the module's fused generator against float64)\n"
         "and the benchmark registry entry of chunk_selective_rope (import it from benchmarks/ops/registry.py).\n",
         ("tests/ops/test_selective_rope.py", "benchmarks/ops/registry_selective_rope.py"),
     ),
@@ -260,18 +273,19 @@ def _rename(text: str) -> str:
     return text
 
 
-def _wrap_line(line: str) -> list[str]:
-    """Split a too-long line inside brackets at the last ', ' that fits (Python joins bracketed lines)."""
+def _wrap_line(line: str, depth: int = 0) -> list[str]:
+    """Split a too-long line inside brackets at the last ', ' that fits (Python joins bracketed lines); ``depth``: the
+    brackets open before the line starts (a continuation line)."""
     if len(line) <= MAX_LINE:
         return [line]
     indent = len(line) - len(line.lstrip())
     cut = line.rfind(", ", 0, MAX_LINE - 1)
     head = line[:cut]
-    inside_brackets = head.count("(") + head.count("[") > head.count(")") + head.count("]")
+    inside_brackets = depth + head.count("(") + head.count("[") > head.count(")") + head.count("]")
     inside_string = head.count('"') % 2 or head.count("'") % 2
     if line.lstrip().startswith("#") or cut <= indent or not inside_brackets or inside_string:
         raise ValueError(f"cannot wrap this line to {MAX_LINE} characters:\n{line}")
-    return [line[:cut + 1]] + _wrap_line(" " * (indent + 4) + line[cut + 2:])
+    return [line[:cut + 1]] + _wrap_line(" " * (indent + 4) + line[cut + 2:], depth)
 
 
 def render(template: str) -> str:
@@ -299,8 +313,22 @@ def render(template: str) -> str:
     return text
 
 
+def _opening_depths(text: str) -> dict[int, int]:
+    """For each line (1-based) that starts inside brackets, how many are open there."""
+    depths, depth = {}, 0
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.OP and token.string in "([{":
+            depth += 1
+        elif token.type == tokenize.OP and token.string in ")]}":
+            depth -= 1
+        elif token.type in (tokenize.NL, tokenize.NEWLINE) and depth:
+            depths[token.start[0] + 1] = depth
+    return depths
+
+
 def _wrap(text: str) -> str:
-    return "\n".join(piece for line in text.split("\n") for piece in _wrap_line(line))
+    depths = _opening_depths(text)
+    return "\n".join(piece for number, line in enumerate(text.split("\n"), 1) for piece in _wrap_line(line, depths.get(number, 0)))
 
 
 def edit(text: str, anchor: str, replacement: str, path: str) -> str:

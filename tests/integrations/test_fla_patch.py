@@ -180,7 +180,24 @@ def torch_conv(conv):
         return (F.silu(y) if conv.activation else y), None
     conv.forward = forward
 
-for options in ({}, {"bias": True, "spectrum": "rfa"}, {"projection": "low-rank", "gate": "per-channel"}):
+# The fused generator's kernels (generator.py) run under the interpreter as on a GPU: count their calls.
+import fla.modules.selective_rotary as fla_module
+import fla.ops.selective_rope.generator as fla_generator
+calls = {}
+
+def counted(owner, name):
+    original = getattr(owner, name)
+    def call(*args, **kwargs):
+        calls[name] = calls.get(name, 0) + 1
+        return original(*args, **kwargs)
+    setattr(owner, name, call)
+
+for owner, name in ((fla_module, "conv_head_gate"), (fla_generator, "projection_forward"), (fla_generator, "projection_backward")):
+    counted(owner, name)
+
+autocast_worst = 0.0
+for options, autocast in (({}, False), ({"bias": True, "spectrum": "rfa"}, False),
+                          ({"projection": "low-rank", "gate": "per-channel"}, False), ({"bias": True}, True)):
     ours, theirs = SelectiveRoPE(32, 2, 8, **options), SelectiveRotaryEmbedding(32, 2, 8, **options)
     with torch.no_grad():
         for p in ours.parameters():
@@ -192,12 +209,16 @@ for options in ({}, {"bias": True, "spectrum": "rfa"}, {"projection": "low-rank"
     results = []
     for module in (theirs, ours):  # forward, and the backward to q, k, x and every parameter
         leaves = [t.clone().requires_grad_(True) for t in inputs]
-        q_rot, k_rot = module(*leaves)[:2]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            q_rot, k_rot = module(*leaves)[:2]
         ((q_rot * dq).sum() + (k_rot * dk).sum()).backward()
         params = dict(module.named_parameters())
         results.append([q_rot, k_rot] + [t.grad for t in leaves] + [params[name].grad for name in sorted(params)])
     assert sorted(dict(theirs.named_parameters())) == sorted(dict(ours.named_parameters()))
-    worst = max([worst] + [err(a, e) for a, e in zip(*results)])
+    if autocast:  # the backward's products in bf16, x kept in bf16 by fla's module (srope's keeps it in float32)
+        autocast_worst = max([autocast_worst] + [err(a, e) for a, e in zip(*results)])
+    else:
+        worst = max([worst] + [err(a, e) for a, e in zip(*results)])
     # the temperatures are cached on first use: a first use under inference_mode must not break training afterwards
     fresh = SelectiveRotaryEmbedding(32, 2, 8, **options)
     torch_conv(fresh.conv)
@@ -205,6 +226,11 @@ for options in ({}, {"bias": True, "spectrum": "rfa"}, {"projection": "low-rank"
         fresh(*inputs)
     q_rot, k_rot = fresh(inputs[0].clone().requires_grad_(True), *inputs[1:])[:2]
     (q_rot.sum() + k_rot.sum()).backward()
+
+# each option: this module, then a fresh one under inference_mode and training; the fused conv + gate for the standard
+# gate's three, the fused projection backward under autocast only
+assert calls == {"conv_head_gate": 9, "projection_forward": 12, "projection_backward": 1}, calls
+assert autocast_worst < 2e-2, autocast_worst
 
 # The layer option builds in both models and survives a config round trip (their forward needs fla's GPU kernels).
 from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, GLAConfig, GLAForCausalLM

@@ -17,7 +17,7 @@ def explicit(x, weight, eps):
 
 @pytest.mark.parametrize("tokens,slab", [(1, 4), (7, 4), (8, 4), (11, 4), (13, 2048)])
 def test_matches_explicit_normalisation(monkeypatch, tokens, slab):
-    monkeypatch.setattr(projection, "SLAB", slab)  # small slabs: the split weight gradient runs
+    monkeypatch.setattr(projection, "TORCH_SLAB", slab)  # small slabs: the split weight gradient runs
     gen = generator(tokens)
     x = torch.randn(2, tokens, 3, 5, generator=gen, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(3, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -30,7 +30,7 @@ def test_matches_explicit_normalisation(monkeypatch, tokens, slab):
 
 
 def test_gradcheck(monkeypatch):
-    monkeypatch.setattr(projection, "SLAB", 2)
+    monkeypatch.setattr(projection, "TORCH_SLAB", 2)
     gen = generator(1)
     x = torch.randn(5, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(2, 3, 4, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -89,7 +89,7 @@ def test_bad_shapes_and_dtypes_raise(x_shape, w_shape, dtype, error):
 def test_low_precision_backward(monkeypatch, grad_dtype, tokens):
     """grad_dtype changes the backward's products only: the forward is bitwise the float32
     one, and both gradients stay within that dtype's rounding of the float64 ones."""
-    monkeypatch.setattr(projection, "SLAB", 4)
+    monkeypatch.setattr(projection, "TORCH_SLAB", 4)
     gen = generator(tokens)
     x64 = torch.randn(2, tokens, 3, 16, generator=gen, dtype=torch.float64)
     w64 = torch.randn(3, 16, 8, generator=gen, dtype=torch.float64)

@@ -6,7 +6,7 @@ the small output instead of the input: x̂ (the size of the block input, in floa
 never built, and every head's maps (the ω projection and the first layers of the gate)
 share one read of x. The weight gradient, a reduction over all tokens into a small
 matrix, is split into slabs of tokens so that it fills the GPU (one long reduction runs on
-a few dozen thread blocks): :data:`SLAB` tokens each on the torch route; on CUDA the fused backward kernel
+a few dozen thread blocks): :data:`TORCH_SLAB` tokens each on the torch route; on CUDA the fused backward kernel
 sums its own slabs (srope.ops.generator.projection_kernels).
 
 The forward always runs to the accuracy of the inputs' dtype (float32 or float64): the
@@ -24,7 +24,7 @@ import torch
 
 from srope import backend
 
-SLAB = 2048  # tokens per partial weight gradient
+TORCH_SLAB = 2048  # tokens per partial weight gradient on the torch route
 
 
 def _weight_grad(x: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
@@ -32,15 +32,15 @@ def _weight_grad(x: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
     per-slab products, then their sum (fixed order: deterministic). One head at a time, so
     that every operand is a strided view cuBLAS reads in place (no copy of x)."""
     count, heads = x.shape[:2]
-    slabs = count // SLAB
-    main = slabs * SLAB if slabs > 1 else 0
+    slabs = count // TORCH_SLAB
+    main = slabs * TORCH_SLAB if slabs > 1 else 0
     grads = []
     for head in range(heads):
         xh, dh = x[:, head], dz[:, head]
         grad = xh[main:].T @ dh[main:]
         grad = grad.float() if grad.dtype in (torch.float16, torch.bfloat16) else grad
         if main:  # the slabs' partial sums add up in at least float32
-            grad = grad + torch.bmm(xh[:main].unflatten(0, (slabs, SLAB)).mT, dh[:main].unflatten(0, (slabs, SLAB))).sum(0, dtype=grad.dtype)
+            grad = grad + torch.bmm(xh[:main].unflatten(0, (slabs, TORCH_SLAB)).mT, dh[:main].unflatten(0, (slabs, TORCH_SLAB))).sum(0, dtype=grad.dtype)
         grads.append(grad)
     return torch.stack(grads)
 
@@ -156,9 +156,9 @@ def normalized_head_projection(
         if cast is not None:
             raise ValueError("pass either cast (a copy made here) or x_low (the caller's copy), not both")
         if not isinstance(x_low, torch.Tensor) or x_low.shape != x.shape or x_low.dtype != grad_dtype or grad_dtype == x.dtype:
-            shape = tuple(x_low.shape) if isinstance(x_low, torch.Tensor) else type(x_low).__name__
-            raise ValueError(f"x_low must be x {tuple(x.shape)} in a lower grad_dtype (got grad_dtype {grad_dtype}), got {shape}"
-                             f"{' ' + str(x_low.dtype) if isinstance(x_low, torch.Tensor) else ''}")
+            got = f"{tuple(x_low.shape)} {x_low.dtype}" if isinstance(x_low, torch.Tensor) else type(x_low).__name__
+            raise ValueError(f"x_low must be x {tuple(x.shape)} in a lower grad_dtype (got grad_dtype {grad_dtype}), "
+                             f"got {got}")
         x_low = x_low.detach().reshape(-1, *x.shape[-2:])
     lead = x.shape[:-2]
     out = _NormalizedHeadProjection.apply(x.reshape(-1, *x.shape[-2:]), weight, eps, grad_dtype, cast, split, x_low)

@@ -285,7 +285,8 @@ def projection_backward(
         raise ValueError("expected dy and y [N, H, M] (or pairs of [N, H, ·]), inv_norm [N, H], weight [H, I, M], x [N, H, I]")
     count, heads, chunk = x.shape
     width = dy.shape[2] + (0 if dy_rest is None else dy_rest.shape[2])
-    same_split = (dy_rest is None) == (y_rest is None) and y.shape == dy.shape and (y_rest is None or y_rest.shape == dy_rest.shape)
+    same_split = (dy_rest is None) == (y_rest is None) and y.shape == dy.shape
+    same_split = same_split and (y_rest is None or y_rest.shape == dy_rest.shape)
     if (not same_split or tuple(dy.shape[:2]) != (count, heads) or (dy_rest is not None and tuple(dy_rest.shape[:2]) != (count, heads))
             or tuple(weight.shape) != (heads, chunk, width) or tuple(inv_norm.shape) != (count, heads)):
         raise ValueError(f"shapes disagree: dy {[tuple(t.shape) for t in (dy, dy_rest) if t is not None]}, "
@@ -503,6 +504,7 @@ def projection_forward(
     if cast not in (None, torch.bfloat16, torch.float16):
         raise TypeError(f"cast must be None, torch.bfloat16 or torch.float16, got {cast}")
     if split is not None and (isinstance(split, bool) or not isinstance(split, int) or not 1 <= split < weight.shape[2]):
-        raise ValueError(f"split must be None or an int in [1, {weight.shape[2]}) (the outputs M = {weight.shape[2]}), got {split!r}")
+        raise ValueError(f"split must be None or an int in [1, {weight.shape[2]}) (the outputs M = {weight.shape[2]}), "
+                         f"got {split!r}")
     y, y_rest, inv_norm, x_cast = _forward_op(x, weight, float(eps), cast, split)
     return y if split is None else (y, y_rest), inv_norm, x_cast if cast is not None else None

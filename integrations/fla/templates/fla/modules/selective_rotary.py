@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from fla.modules.causal_conv1d import ShortConvolution
 from fla.ops.selective_rope import chunk_selective_rope, fused_recurrent_selective_rope
+from fla.ops.selective_rope.generator import _kernels, conv_head_gate, normalized_head_projection
 
 PROJECTIONS = ('full-rank', 'low-rank')
 GATES = (None, 'standard', 'low-rank', 'per-channel')
@@ -171,15 +172,29 @@ class SelectiveRotaryEmbedding(nn.Module):
     def increments(self, x, conv_state=None, output_final_state=False, cu_seqlens=None):
         """phi `[B, T, HK, R]` in float32 (autocast off: the increments are summed over the whole sequence) and the
         convolution's new window."""
-        with torch.autocast(x.device.type, enabled=False):
+        device = x.device.type
+        autocast = torch.is_autocast_enabled(device)
+        # under autocast the projection's backward runs its products in autocast's dtype, as autocast runs the others
+        grad_dtype = torch.get_autocast_dtype(device) if autocast and torch.is_grad_enabled() else None
+        with torch.autocast(device, enabled=False):
             chunks = x.float().unflatten(-1, (self.num_heads, -1))
-            # x_hat = chunks / |chunks| is never built: every map acting on it is linear, so one product per head takes
-            # them all from the raw chunks and is scaled by the inverse norm (two reads of x, not one per step of x_hat);
-            # a map of the whole x_hat is the sum of its per-head shares
-            inv_norm = torch.rsqrt(torch.linalg.vector_norm(chunks, dim=-1, keepdim=True).square() + self.norm_eps)
             weight, sizes = self.first_layers()
-            parts = (torch.einsum('...hi,him->...hm', chunks, weight) * inv_norm).split(sizes, -1)
+            # the convolution, its activation, the bias and the standard gate in one kernel each way, for whole rows
+            fused = (self.projection == 'full-rank' and self.gate_type == 'standard' and _kernels(chunks)
+                     and cu_seqlens is None and conv_state is None and not output_final_state)
+            # x_hat = chunks / |chunks| is never built: every map acting on it is linear, so one product per head takes
+            # them all from the raw chunks, scaled by the inverse norm; a map of the whole x_hat is the sum of its
+            # per-head shares. With a gradient under autocast the backward keeps x in autocast's dtype (`cast`).
+            parts = normalized_head_projection(chunks, weight, self.norm_eps, grad_dtype, cast=grad_dtype,
+                                               split=sizes[0] if fused else None)
+            parts = parts[0] if grad_dtype is not None else parts
+            parts = parts if fused else parts.split(sizes, -1)
             u = parts[0].flatten(-2) if self.projection == 'full-rank' else _linear(self.proj[1], parts[0].sum(-2))
+            if fused:
+                e = None if self.bias is None else torch.exp(self.bias.float())
+                taps = self.conv.weight.float().squeeze(1)  # [HK * R, K], the current token last
+                phi = conv_head_gate(u, taps, None, parts[1].flatten(0, -3), self.gate.bias.float(), e, self.conv.activation)
+                return phi.view(*u.shape[:-1], self.num_heads, self.pairs), None
             phi, conv_state = self.conv(x=u, cache=conv_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
             phi = phi.float().unflatten(-1, (self.num_heads, self.pairs))
             if self.bias is not None:

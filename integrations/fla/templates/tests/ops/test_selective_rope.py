@@ -2,7 +2,9 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from fla.modules import SelectiveRotaryEmbedding
 from fla.ops.selective_rope import chunk_selective_rope, fused_recurrent_selective_rope, naive_selective_rope
 from fla.utils import assert_close, device
 
@@ -104,3 +106,60 @@ def test_fused_recurrent(B, T, H, HK, D, R, dtype):
     assert_close('q', ref_q, torch.cat(outs_q, 1), ratio)
     assert_close('k', ref_k, torch.cat(outs_k, 1), ratio)
     assert_close('ht', ref_ht, state, 1e-12)
+
+
+def naive_increments(module, x):
+    """The module's increments phi in float64 from its parameters (full-rank projection, standard gate)."""
+    HK, R = module.num_heads, module.pairs
+    chunks = x.double().unflatten(-1, (HK, -1))
+    x_hat = chunks / torch.sqrt(chunks.square().sum(-1, keepdim=True) + module.norm_eps)
+    w = module.proj_weight.double()
+    w = module.proj_gain.double()[:, None, None] * w / w.norm(dim=1, keepdim=True)
+    u = torch.einsum('bthi,hir->bthr', x_hat, w).flatten(-2)
+    K = module.conv.weight.shape[-1]
+    c = F.conv1d(F.pad(u.transpose(1, 2), (K - 1, 0)), module.conv.weight.double(), groups=u.shape[-1]).transpose(1, 2)
+    phi = (F.silu(c) if module.conv.activation else c).unflatten(-1, (HK, R))
+    if module.bias is not None:
+        phi = phi + torch.exp(module.bias.double())
+    logits = torch.einsum('bthi,ghi->btg', x_hat, module.gate.weight.double().unflatten(1, (HK, -1)))
+    return phi * torch.sigmoid(logits + module.gate.bias.double())[..., None]
+
+
+@pytest.mark.parametrize(
+    ('B', 'T', 'hidden', 'HK', 'R', 'bias', 'autocast'),
+    [
+        pytest.param(*test, id="B{}-T{}-hidden{}-HK{}-R{}-bias{}-autocast{}".format(*test))
+        for test in [
+            (1, 63, 256, 1, 32, False, False),
+            (2, 500, 512, 4, 32, True, False),
+            (2, 1000, 1024, 4, 64, False, True),
+            (1, 2048, 2048, 8, 64, True, True),
+        ]
+    ],
+)
+def test_module_generator(B, T, hidden, HK, R, bias, autocast):
+    """The module's fused generator (the normalised projection, then the convolution with the gate and bias) against
+    float64, forward and backward; and against the unfused route (fla's ShortConvolution) that prefill takes."""
+    torch.manual_seed(42)
+    module = SelectiveRotaryEmbedding(hidden, HK, 2 * R, bias=bias).to(device)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # off the zero bias and unit gains of the initialisation
+    x = torch.randn(B, T, hidden, device=device, requires_grad=True)
+    dphi = torch.randn(B, T, HK, R, device=device)
+    leaves = [x, *module.parameters()]
+    results = []
+    for fn in (lambda: naive_increments(module, x), lambda: module.increments(x)[0]):
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
+            phi = fn()
+        (phi * dphi.to(phi.dtype)).sum().backward()
+        results.append((phi, [leaf.grad for leaf in leaves]))
+        for leaf in leaves:
+            leaf.grad = None
+    (ref, ref_grads), (tri, tri_grads) = results
+    assert_close('phi', ref, tri, 1e-5)  # the forward is float32-accurate with or without autocast
+    for i, (r, t) in enumerate(zip(ref_grads, tri_grads)):
+        assert_close(f'grad{i}', r, t, 1e-2 if autocast else 1e-5)  # autocast: the backward's products in bf16
+    with torch.no_grad():
+        unfused, _ = module.increments(x, output_final_state=True)
+    assert_close('phi unfused', tri, unfused, 1e-5)
