@@ -159,7 +159,8 @@ def test_module_generator(B, T, hidden, HK, R, bias, autocast):
     (ref, ref_grads), (tri, tri_grads) = results
     assert_close('phi', ref, tri, 1e-5)  # the forward is float32-accurate with or without autocast
     for i, (r, t) in enumerate(zip(ref_grads, tri_grads)):
-        assert_close(f'grad{i}', r, t, 1e-2 if autocast else 1e-5)  # autocast: the backward's products in bf16
+        # autocast: the backward's products and its copy of x in bf16 (relative errors up to ~8e-3 seen at hidden 1024)
+        assert_close(f'grad{i}', r, t, 2e-2 if autocast else 1e-5)
     with torch.no_grad():
         unfused, _ = module.increments(x, output_final_state=True)
     assert_close('phi unfused', tri, unfused, 1e-5)
