@@ -48,7 +48,6 @@ HEADER = """\
 
 # srope's words -> fla's, applied to every extracted block (order matters: longer names first).
 RENAMES = (
-    ("from srope.ops._triton import await_predecessor\n", ""),
     ("SROPE_PDL", "FLA_SELECTIVE_ROPE_PDL"),
     ("srope_fwd_kernel", "selective_rope_fwd_kernel"),
     ("srope_bwd_kernel", "selective_rope_bwd_kernel"),
@@ -56,7 +55,6 @@ RENAMES = (
     ("``srope_bwd``", "``selective_rope_bwd_kernel``"),
     ("of srope's kernels", "of the Selective RoPE kernels"),
     (":func:`srope.ops._triton.pdl`", "``pdl`` in chunk.py"),
-    (":func:`srope.ops.rotary.selective_rope`", "``chunk_selective_rope``"),
     ("docs/kernels.md", "srope's docs/kernels.md"),
     # the generator's projection: its kernels are in the same file, and fla's switch is the device (generator.py)
     ("            from srope.ops.generator.projection_kernels import projection_forward\n\n", ""),
@@ -65,7 +63,8 @@ RENAMES = (
     ("low and x.is_cuda and ctx.x_dtype == torch.float32 and backend.kernels(x)", "low and ctx.x_dtype == torch.float32 and _kernels(x)"),
     (":func:`srope.ops.generator.projection.normalized_head_projection`", "``normalized_head_projection``"),
     ("# the conv's (srope.ops.conv.ACTIVATIONS)", "# ShortConvolution's"),
-    ("(:meth:`ShortConvolution.kernel`)", "(a depthwise ``Conv1d`` weight ``[H·R, 1, K]`` without its middle dimension)"),
+    ("(:meth:`ShortConvolution.kernel`)", "(``ShortConvolution.weight[:, 0]``)"),
+    (":func:`apply_head_gate`", "srope's ``apply_head_gate``"),
 )
 
 # Names left out of the kernel module: srope's fixed-RoPE kernels (fla has its own rotary).
@@ -135,7 +134,7 @@ SERIES = (
         "The angle generator (per-head l2-normalised hidden states, projection, short convolution, bias, phase gate)\n"
         "and the rotation, called as q, k, state = rotary(q, k, x, cu_seqlens=..., initial_state=..., output_final_state=...).\n"
         "On GPUs the generator runs fused kernels (fla/ops/selective_rope/generator.py): the normalised projection in one\n"
-        "pass over x, and the convolution with the gate and bias in one kernel each way.\n",
+        "pass over x, and the convolution with the gate and bias in one kernel forward and two backward.\n",
         ("fla/modules/selective_rotary.py", "fla/ops/selective_rope/generator.py"),
         (
             ("fla/modules/__init__.py", "from fla.modules.rotary import RotaryEmbedding\n",
@@ -267,8 +266,13 @@ def _kernel_module() -> str:
 # --------------------------------------------------------------------------- rendering
 
 
+_RENAMED: set[str] = set()  # the RENAMES that matched in this build (every one must: see build)
+
+
 def _rename(text: str) -> str:
     for old, new in RENAMES:
+        if old in text:
+            _RENAMED.add(old)
         text = text.replace(old, new)
     return text
 
@@ -309,7 +313,14 @@ def render(template: str) -> str:
         else:
             out.append(line)
     text = "\n".join(out).rstrip("\n") + "\n"
-    ast.parse(text)  # the generated file must still be Python
+    tree = ast.parse(text)  # the generated file must still be Python
+    names = [_node_name(node) for node in tree.body if _node_name(node) is not None]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:  # two extracted modules defining one name: the later would silently replace the earlier
+        raise ValueError(f"names defined twice in one generated file: {twice}")
+    code = ast.unparse(tree)  # without comments: srope's imports or backend switch left in code would fail in fla
+    if "srope." in code.replace("srope's", "") or "backend.kernels" in code or "kernel_op(" in code:
+        raise ValueError("srope code left in a generated file (a RENAMES entry no longer matches srope's source?)")
     return text
 
 
@@ -328,7 +339,10 @@ def _opening_depths(text: str) -> dict[int, int]:
 
 def _wrap(text: str) -> str:
     depths = _opening_depths(text)
-    return "\n".join(piece for number, line in enumerate(text.split("\n"), 1) for piece in _wrap_line(line, depths.get(number, 0)))
+    wrapped = "\n".join(piece for number, line in enumerate(text.split("\n"), 1) for piece in _wrap_line(line, depths.get(number, 0)))
+    if ast.dump(ast.parse(wrapped)) != ast.dump(ast.parse(text)):  # e.g. a cut inside a string's text
+        raise ValueError("wrapping to 127 characters changed the code: wrap the long line in srope's source")
+    return wrapped
 
 
 def edit(text: str, anchor: str, replacement: str, path: str) -> str:
@@ -385,6 +399,9 @@ def build(fla_src: Path, out: Path, tree: Path | None = None) -> list[Path]:
                 target.write_text(edit(target.read_text(encoding="utf-8"), anchor, replacement, path), encoding="utf-8")
             _git(repo, "add", "-A")
             _git(repo, "commit", "-q", "-m", f"[selective-rope] {step.subject}\n\n{step.body}")
+        unused = [old for old, _ in RENAMES if old not in _RENAMED]
+        if unused:
+            raise ValueError(f"RENAMES entries that match no extracted text (srope's source changed?): {unused}")
         out.mkdir(parents=True, exist_ok=True)
         for old in out.glob("*.patch"):
             old.unlink()

@@ -230,6 +230,15 @@ for options, autocast in (({}, False), ({"bias": True, "spectrum": "rfa"}, False
 # each option: this module, then a fresh one under inference_mode and training; the fused conv + gate for the standard
 # gate's three, the fused projection backward under autocast only
 assert calls == {"conv_head_gate": 9, "projection_forward": 12, "projection_backward": 1}, calls
+# packed rows, a returned state and a carried state take fla's convolution, never the fused one (it would convolve
+# across sequence boundaries and ignore the state); routing only: the F.conv1d stand-in ignores both
+theirs = SelectiveRotaryEmbedding(32, 2, 8)
+torch_conv(theirs.conv)
+q, k, x = torch.randn(1, 21, 4, 8), torch.randn(1, 21, 2, 8), torch.randn(1, 21, 32)
+theirs(q, k, x, cu_seqlens=torch.tensor([0, 9, 21]))
+theirs(q, k, x, output_final_state=True)
+theirs(q, k, x, initial_state=(torch.zeros(1, 16, 4), torch.zeros(1, 2, 4, dtype=torch.float64)))
+assert calls["conv_head_gate"] == 9, calls
 assert autocast_worst < 2e-2, autocast_worst
 
 # The layer option builds in both models and survives a config round trip (their forward needs fla's GPU kernels).

@@ -179,7 +179,7 @@ class SelectiveRotaryEmbedding(nn.Module):
         with torch.autocast(device, enabled=False):
             chunks = x.float().unflatten(-1, (self.num_heads, -1))
             weight, sizes = self.first_layers()
-            # the convolution, its activation, the bias and the standard gate in one kernel each way, for whole rows
+            # the convolution, its activation, the bias and the standard gate in one fused kernel, for whole rows
             fused = (self.projection == 'full-rank' and self.gate_type == 'standard' and _kernels(chunks)
                      and cu_seqlens is None and conv_state is None and not output_final_state)
             # x_hat = chunks / |chunks| is never built: every map acting on it is linear, so one product per head takes

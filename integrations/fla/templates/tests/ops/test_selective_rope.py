@@ -108,6 +108,20 @@ def test_fused_recurrent(B, T, H, HK, D, R, dtype):
     assert_close('ht', ref_ht, state, 1e-12)
 
 
+def in_graph(tensor, name):
+    """Whether an autograd node named `name...` made `tensor`."""
+    seen, stack = set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__.startswith(name):
+            return True
+        stack.extend(parent for parent, _ in node.next_functions)
+    return False
+
+
 def naive_increments(module, x):
     """The module's increments phi in float64 from its parameters (full-rank projection, standard gate)."""
     HK, R = module.num_heads, module.pairs
@@ -157,6 +171,7 @@ def test_module_generator(B, T, hidden, HK, R, bias, autocast):
         for leaf in leaves:
             leaf.grad = None
     (ref, ref_grads), (tri, tri_grads) = results
+    assert in_graph(tri, 'ConvHeadGateFunction')  # the fused convolution + gate ran
     assert_close('phi', ref, tri, 1e-5)  # the forward is float32-accurate with or without autocast
     for i, (r, t) in enumerate(zip(ref_grads, tri_grads)):
         # autocast: the backward's products and its copy of x in bf16 (relative errors up to ~8e-3 seen at hidden 1024)

@@ -10,7 +10,8 @@
   two backward, for whole rows (no `cu_seqlens`, no carried convolution state); elsewhere the module runs fla's
   `ShortConvolution` and the gate in PyTorch.
 
-Both equal the PyTorch expressions they replace to float32 rounding (srope's tests check them against float64).
+In float32 both equal the PyTorch expressions they replace to float32 rounding; under autocast the projection's
+backward rounds its products and its copy of x to autocast's dtype (srope's tests check both against float64).
 """
 
 import contextlib
